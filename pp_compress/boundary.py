@@ -1,0 +1,159 @@
+"""In-process boundary: compress activations on the way forward and gradients on the way back.
+
+For simulation, single-device research and inference-time compression of Hugging Face models:
+`compressed_boundary(x, act, grad, ...)` is the function form, `CompressionBoundary` the module form
+(with warm-up, minimum size, eval spec, statistics and state in `state_dict`), and
+`insert_boundaries(model, after=[2, 5, 8], cfg=...)` puts boundaries after transformer blocks.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .config import CompressionConfig, parse_spec
+from .ops.base import Compressor, Context
+from .stats import DirectionStats
+
+
+def _roundtrip(op: Compressor | None, x: Tensor, ctx: Context, stats: DirectionStats | None) -> Tensor:
+    if op is None:
+        if stats is not None:
+            stats.record(x.numel() * x.element_size(), x.numel() * x.element_size())
+        return x
+    t0 = time.perf_counter()
+    payload = op.compress(x, ctx)
+    t1 = time.perf_counter()
+    y = op.decompress(payload, ctx)
+    if stats is not None:
+        stats.record(x.numel() * x.element_size(), payload.nbytes, t1 - t0, time.perf_counter() - t1)
+        stats.record_error(x, y)
+    return y
+
+
+class _BoundaryFn(torch.autograd.Function):
+    @staticmethod
+    def forward(fctx: Any, x: Tensor, act: Compressor | None, grad: Compressor | None,
+                act_ctx: Context, grad_ctx: Context, stats: dict[str, DirectionStats] | None) -> Tensor:
+        fctx.grad, fctx.grad_ctx, fctx.stats = grad, grad_ctx, stats
+        y = _roundtrip(act, x, act_ctx, stats["act"] if stats else None)
+        return y.clone() if y is x else y
+
+    @staticmethod
+    def backward(fctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
+        g = _roundtrip(fctx.grad, g.contiguous(), fctx.grad_ctx, fctx.stats["grad"] if fctx.stats else None)
+        return g, None, None, None, None, None
+
+
+def compressed_boundary(x: Tensor, act: Compressor | None, grad: Compressor | None,
+                        act_ctx: Context | None = None, grad_ctx: Context | None = None,
+                        stats: dict[str, DirectionStats] | None = None) -> Tensor:
+    """x -> D(C_act(x)) forward; g -> D(C_grad(g)) backward. None means uncompressed."""
+    act_ctx = act_ctx or Context(direction="act")
+    grad_ctx = grad_ctx or act_ctx.replace(direction="grad", name=act_ctx.name.replace(".act", ".grad"))
+    return _BoundaryFn.apply(x, act, grad, act_ctx, grad_ctx, stats)
+
+
+class CompressionBoundary(nn.Module):
+    """One stage boundary, simulated in process. Its state (step, EF buffers) is in state_dict."""
+
+    def __init__(self, cfg: CompressionConfig | str, boundary: int = 0, name: str | None = None) -> None:
+        super().__init__()
+        self.cfg = parse_spec(cfg) if isinstance(cfg, str) else cfg
+        self.boundary = boundary
+        self.name = name or f"boundary{boundary}"
+        spec = {d: self.cfg.spec_for(boundary, d) for d in ("act", "grad")}
+        self.ops = {d: (None if s.is_identity else s.build(self.cfg.nonfinite)) for d, s in spec.items()}
+        eval_spec = self.cfg.spec_for(boundary, "act", training=False)
+        same = eval_spec == spec["act"]
+        self.eval_op = self.ops["act"] if same else (None if eval_spec.is_identity else eval_spec.build(self.cfg.nonfinite))
+        self.stats = {"act": DirectionStats(), "grad": DirectionStats(), "eval": DirectionStats()}
+        self.step = 0
+        self.sample_ids: Tensor | None = None
+
+    def _ctx(self, direction: str, step: int, training: bool, sample_ids: Tensor | None) -> Context:
+        return Context(name=f"{self.name}.{direction}", boundary=self.boundary, direction=direction, step=step,
+                       seed=self.cfg.seed, sample_ids=sample_ids, training=training)
+
+    def forward(self, x: Tensor, sample_ids: Tensor | None = None) -> Tensor:
+        sample_ids = sample_ids if sample_ids is not None else self.sample_ids
+        if not self.training:
+            op = None if x.numel() < self.cfg.min_numel else self.eval_op
+            return _roundtrip(op, x, self._ctx("act", self.step, False, sample_ids), self.stats["eval"])
+        step, self.step = self.step, self.step + 1
+        live = step >= self.cfg.warmup_steps and x.numel() >= self.cfg.min_numel
+        act, grad = (self.ops["act"], self.ops["grad"]) if live else (None, None)
+        return compressed_boundary(x, act, grad, self._ctx("act", step, True, sample_ids),
+                                   self._ctx("grad", step, True, sample_ids), self.stats)
+
+    def get_extra_state(self) -> dict[str, Any]:
+        state = {d: op.state_dict() for d, op in self.ops.items() if op is not None}
+        if self.eval_op is not None and self.eval_op is not self.ops["act"]:
+            state["eval"] = self.eval_op.state_dict()
+        return {"step": self.step, "config": str(self.cfg), "ops": state}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        if state["config"] != str(self.cfg):
+            raise ValueError(f"{self.name}: state was saved with config {state['config']!r}, this boundary has {str(self.cfg)!r}")
+        self.step = int(state["step"])
+        for d, op in [*self.ops.items(), ("eval", self.eval_op)]:
+            if op is not None and (d != "eval" or op is not self.ops["act"]):
+                op.load_state_dict(state["ops"].get(d, {}))
+
+    def extra_repr(self) -> str:
+        return f"boundary={self.boundary}, cfg='{self.cfg}'"
+
+
+class BlockWithBoundary(nn.Module):
+    """A transformer block followed by a boundary on its hidden-state output."""
+
+    def __init__(self, block: nn.Module, boundary: CompressionBoundary) -> None:
+        super().__init__()
+        self.block, self.boundary = block, boundary
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.block(*args, **kwargs)
+        if isinstance(out, Tensor):
+            return self.boundary(out)
+        if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
+            return (self.boundary(out[0]),) + out[1:]
+        raise TypeError(f"{type(self.block).__name__} returned {type(out).__name__}; expected a Tensor or a tuple starting with one")
+
+
+def find_blocks(model: nn.Module) -> nn.ModuleList:
+    """The model's main stack of blocks: the longest ModuleList whose items share one class."""
+    best: nn.ModuleList | None = None
+    for m in model.modules():
+        kinds = {type(b.block if isinstance(b, BlockWithBoundary) else b) for b in m} if isinstance(m, nn.ModuleList) else set()
+        if len(kinds) == 1 and len(m) >= 2:
+            if best is None or len(m) > len(best):
+                best = m
+    if best is None:
+        raise ValueError(f"no stack of blocks found in {type(model).__name__}; pass blocks=<the nn.ModuleList>")
+    return best
+
+
+def insert_boundaries(model: nn.Module, after: list[int], cfg: CompressionConfig | str,
+                      blocks: nn.ModuleList | None = None) -> list[CompressionBoundary]:
+    """Wrap blocks `after` (0-based) so their outputs cross a boundary; boundary j follows after[j]."""
+    cfg = parse_spec(cfg) if isinstance(cfg, str) else cfg
+    blocks = find_blocks(model) if blocks is None else blocks
+    bad = [i for i in after if not 0 <= i < len(blocks)]
+    if bad or len(set(after)) != len(after):
+        raise ValueError(f"after={after}: block indices must be distinct, in 0..{len(blocks) - 1}")
+    boundaries = []
+    for j, i in enumerate(sorted(after)):
+        if isinstance(blocks[i], BlockWithBoundary):
+            raise ValueError(f"block {i} already has a boundary")
+        boundaries.append(CompressionBoundary(cfg, boundary=j))
+        blocks[i] = BlockWithBoundary(blocks[i], boundaries[-1])
+    return boundaries
+
+
+def set_sample_ids(model: nn.Module, ids: Tensor | None) -> None:
+    """Sample ids of the next batch for every boundary in `model` (needed by +aqsgd)."""
+    for m in model.modules():
+        if isinstance(m, CompressionBoundary):
+            m.sample_ids = ids

@@ -1,0 +1,287 @@
+"""Typed configs, the spec-string grammar and its JSON round-trip.
+
+Grammar (one parser for the CLI flag, the DeepSpeed JSON and Python):
+
+    config     := spec | item ("," item)*          a bare spec (first item) sets both directions
+    item       := key "=" value
+    key        := act | grad | eval | warmup | min_numel | seed | nonfinite | b<N>.act | b<N>.grad
+    spec       := op (">" op)* ["+" feedback]      e.g. topk:0.1>int8+ef
+    op         := name (":" arg)*                  arg := value | field=value | flag
+    feedback   := ef | ef21 | aqsgd
+
+`str(cfg)` is canonical and `parse_spec(str(cfg)) == cfg`; `to_dict`/`from_dict` round-trip the same
+content as JSON-able dicts (the `"pp_compress"` section of a DeepSpeed config).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from .feedback import FEEDBACKS, WRAPPERS
+from .ops import OP_CONFIGS
+from .ops.base import NONFINITE_POLICIES, Compressor, OpConfig, format_op
+from .ops.chain import Chain
+
+SPEC_FORMS = "op[:args][>op[:args]][+ef|+ef21|+aqsgd], op one of: " + "; ".join(c.FORMS for c in OP_CONFIGS)
+
+
+def _accepted() -> str:
+    return "accepted operators: " + "; ".join(c.FORMS for c in OP_CONFIGS) + "; feedback suffix: +" + ", +".join(FEEDBACKS)
+
+
+def _convert(raw: str, typ: Any, token: str, forms: str) -> Any:
+    try:
+        if typ is bool:
+            if raw.lower() in ("true", "1", "yes"):
+                return True
+            if raw.lower() in ("false", "0", "no"):
+                return False
+            raise ValueError(raw)
+        return typ(raw)
+    except ValueError:
+        raise ValueError(f"bad value {raw!r} in {token!r}: expected {typ.__name__}; accepted forms: {forms}") from None
+
+
+def parse_op(token: str) -> OpConfig:
+    """One operator, e.g. `int4:per=block64:asym`."""
+    name, *args = token.strip().split(":")
+    for cls in OP_CONFIGS:
+        preset = cls.from_name(name)
+        if preset is not None:
+            break
+    else:
+        raise ValueError(f"unknown operator {name!r} in {token!r}; {_accepted()}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = dict(preset)
+    positional_used = False
+    for arg in args:
+        if "=" in arg:
+            key, raw = arg.split("=", 1)
+        elif arg in names and hints[arg] is bool:
+            key, raw = arg, "true"
+        elif cls.POSITIONAL and not positional_used:
+            key, raw, positional_used = cls.POSITIONAL, arg, True
+        else:
+            raise ValueError(f"unexpected argument {arg!r} in {token!r}; accepted forms: {cls.FORMS}")
+        if key not in names or key in preset:
+            raise ValueError(f"unknown option {key!r} in {token!r}; accepted forms: {cls.FORMS}")
+        kwargs[key] = _convert(raw, hints[key], token, cls.FORMS)
+    if cls.POSITIONAL and cls.POSITIONAL not in kwargs and cls.NAME in ("topk", "randk", "lowrank"):
+        raise ValueError(f"{token!r} needs a value, e.g. {cls.FORMS.split('[')[0]}")
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise ValueError(f"bad operator {token!r}: {e}") from None
+
+
+@dataclass(frozen=True)
+class CompressorSpec:
+    """A chain of operators, optionally wrapped in error feedback: `topk:0.1>int8+ef`."""
+
+    ops: tuple[OpConfig, ...] = ()
+    """Operators applied in order: each later one compresses the float tensors of the one before."""
+    feedback: str | None = None
+    """Error compensation wrapper: ef, ef21, aqsgd, or None."""
+
+    def __post_init__(self) -> None:
+        if not self.ops:
+            object.__setattr__(self, "ops", (OP_CONFIGS[0](),))
+        if self.feedback is not None and self.feedback not in FEEDBACKS:
+            raise ValueError(f"feedback {self.feedback!r}; accepted: {', '.join(FEEDBACKS)}")
+
+    @classmethod
+    def parse(cls, text: str) -> "CompressorSpec":
+        text = text.strip()
+        if not text:
+            raise ValueError(f"empty compression spec; accepted: {SPEC_FORMS}")
+        body, *fb = text.split("+")
+        if len(fb) > 1:
+            raise ValueError(f"at most one feedback suffix in {text!r}; accepted: +{', +'.join(FEEDBACKS)}")
+        feedback = fb[0].strip() if fb else None
+        if feedback is not None and feedback not in FEEDBACKS:
+            raise ValueError(f"unknown feedback {feedback!r} in {text!r}; accepted: +{', +'.join(FEEDBACKS)}")
+        return cls(tuple(parse_op(t) for t in body.split(">")), feedback)
+
+    def __str__(self) -> str:
+        return ">".join(format_op(op) for op in self.ops) + (f"+{self.feedback}" if self.feedback else "")
+
+    @property
+    def is_identity(self) -> bool:
+        return str(self) == "identity"
+
+    def build(self, nonfinite: str = "raise") -> Compressor:
+        comp = self.ops[-1].build()
+        for op in reversed(self.ops[:-1]):
+            comp = Chain(op.build(), comp)
+        if self.feedback:
+            comp = WRAPPERS[self.feedback](comp)
+        for part in _walk(comp):
+            part.nonfinite = nonfinite
+        return comp
+
+
+def _walk(comp: Compressor) -> list[Compressor]:
+    parts = [comp]
+    for child in ("inner", "outer"):
+        if hasattr(comp, child):
+            parts += _walk(getattr(comp, child))
+    return parts
+
+
+SpecLike = CompressorSpec | str
+
+
+def _spec(value: SpecLike | None) -> CompressorSpec | None:
+    return CompressorSpec.parse(value) if isinstance(value, str) else value
+
+
+@dataclass(frozen=True)
+class BoundaryOverride:
+    """Per-boundary replacement of the default specs (None keeps the default)."""
+
+    activations: CompressorSpec | None = None
+    """Spec of forward activations crossing this boundary."""
+    gradients: CompressorSpec | None = None
+    """Spec of backward activation-gradients crossing this boundary."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "activations", _spec(self.activations))
+        object.__setattr__(self, "gradients", _spec(self.gradients))
+
+
+_KEYS = {"act": "activations", "grad": "gradients", "eval": "eval", "warmup": "warmup_steps",
+         "min_numel": "min_numel", "seed": "seed", "nonfinite": "nonfinite"}
+_BOUNDARY_KEY = re.compile(r"b(\d+)\.(act|grad)")
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    """Everything pp_compress needs to know: what to apply where and when."""
+
+    activations: CompressorSpec = field(default_factory=CompressorSpec)
+    """Spec of forward activations at every boundary (default identity)."""
+    gradients: CompressorSpec = field(default_factory=CompressorSpec)
+    """Spec of backward activation-gradients at every boundary (default identity)."""
+    eval: CompressorSpec | None = None
+    """Spec of activations at inference (eval_batch / model.eval()); None = same as `activations`."""
+    warmup_steps: int = 0
+    """Steps sent uncompressed before compression starts."""
+    min_numel: int = 0
+    """Tensors with fewer elements than this are sent uncompressed."""
+    seed: int = 0
+    """Seed of every random choice (RandK indices, stochastic rounding, sketches)."""
+    nonfinite: str = "raise"
+    """NaN/Inf in a tensor to compress: raise (default, names the boundary) or allow."""
+    boundaries: dict[int, BoundaryOverride] = field(default_factory=dict)
+    """Overrides by boundary index (0 = between stage 0 and stage 1)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "activations", _spec(self.activations))
+        object.__setattr__(self, "gradients", _spec(self.gradients))
+        object.__setattr__(self, "eval", _spec(self.eval))
+        for name in ("warmup_steps", "min_numel", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r}; accepted: an integer >= 0")
+        if self.nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite={self.nonfinite!r}; accepted: {', '.join(NONFINITE_POLICIES)}")
+        fixed = {}
+        for b, o in dict(self.boundaries).items():
+            if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+                raise ValueError(f"boundary index {b!r}; accepted: an integer >= 0")
+            fixed[b] = o if isinstance(o, BoundaryOverride) else BoundaryOverride(**o)
+        object.__setattr__(self, "boundaries", dict(sorted(fixed.items())))
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+    def spec_for(self, boundary: int, direction: str, training: bool = True) -> CompressorSpec:
+        """The spec that applies to one boundary and direction ("act" or "grad")."""
+        if direction not in ("act", "grad"):
+            raise ValueError(f"direction={direction!r}; accepted: act, grad")
+        if direction == "act" and not training:
+            return self.eval or self.spec_for(boundary, "act")
+        o = self.boundaries.get(boundary)
+        chosen = (o.activations if direction == "act" else o.gradients) if o else None
+        return chosen or (self.activations if direction == "act" else self.gradients)
+
+    def __str__(self) -> str:
+        items = [f"act={self.activations}", f"grad={self.gradients}"]
+        if self.eval is not None:
+            items.append(f"eval={self.eval}")
+        for key, name in list(_KEYS.items())[3:]:
+            value = getattr(self, name)
+            if value != getattr(CompressionConfig, name, None):
+                items.append(f"{key}={value}")
+        for b, o in self.boundaries.items():
+            items += [f"b{b}.act={o.activations}"] if o.activations else []
+            items += [f"b{b}.grad={o.gradients}"] if o.gradients else []
+        return ",".join(items)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"activations": str(self.activations), "gradients": str(self.gradients)}
+        if self.eval is not None:
+            d["eval"] = str(self.eval)
+        d.update(warmup_steps=self.warmup_steps, min_numel=self.min_numel, seed=self.seed, nonfinite=self.nonfinite)
+        if self.boundaries:
+            d["boundaries"] = {
+                str(b): {k: str(v) for k, v in (("activations", o.activations), ("gradients", o.gradients)) if v}
+                for b, o in self.boundaries.items()
+            }
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CompressionConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown pp_compress key(s) {unknown}; accepted: {sorted(names)}")
+        kwargs = dict(d)
+        bounds: dict[int, BoundaryOverride] = {}
+        for b, o in dict(kwargs.pop("boundaries", {})).items():
+            if not str(b).isdigit():
+                raise ValueError(f"boundary key {b!r}; accepted: a boundary index such as \"0\"")
+            bad = sorted(set(o) - {"activations", "gradients"})
+            if bad:
+                raise ValueError(f"unknown key(s) {bad} in boundaries[{b!r}]; accepted: activations, gradients")
+            bounds[int(b)] = BoundaryOverride(**o)
+        return cls(**kwargs, boundaries=bounds)
+
+
+def parse_spec(text: str) -> CompressionConfig:
+    """`topk:0.1`, `act=int8,grad=topk:0.1+ef`, `act=int8,grad=int8,b2.grad=bf16,warmup=100`."""
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in items):
+        raise ValueError(f"malformed pp_compress spec {text!r}: empty item; e.g. 'topk:0.1' or 'act=int8,grad=topk:0.1+ef'")
+    kwargs: dict[str, Any] = {}
+    bounds: dict[int, dict[str, str]] = {}
+    for i, item in enumerate(items):
+        key, sep, value = item.partition("=")
+        m = _BOUNDARY_KEY.fullmatch(key.strip())
+        if sep and m:
+            bounds.setdefault(int(m.group(1)), {})[_KEYS[m.group(2)]] = value
+        elif sep and key.strip() in _KEYS:
+            name = _KEYS[key.strip()]
+            if name in kwargs:
+                raise ValueError(f"{key.strip()!r} given twice in {text!r}")
+            kwargs[name] = int(value) if name in ("warmup_steps", "min_numel", "seed") and value.strip().isdigit() else value.strip()
+        elif i == 0:
+            kwargs["activations"] = kwargs["gradients"] = item
+        else:
+            raise ValueError(
+                f"bad item {item!r} in {text!r}; accepted keys: {', '.join(_KEYS)}, b<N>.act, b<N>.grad "
+                "(a bare spec is allowed only as the first item)"
+            )
+    for name in ("warmup_steps", "min_numel", "seed"):
+        if isinstance(kwargs.get(name), str):
+            raise ValueError(f"{name}={kwargs[name]!r} in {text!r}; accepted: an integer >= 0")
+    return CompressionConfig(**kwargs, boundaries={b: BoundaryOverride(**o) for b, o in bounds.items()})
+
+
+def build(spec: SpecLike, nonfinite: str = "raise") -> Compressor:
+    """Any operator spec (`topk:0.1`, `int4:per=block64`, `topk:0.1>int8+ef`) -> Compressor."""
+    return _spec(spec).build(nonfinite)  # type: ignore[union-attr]

@@ -1,0 +1,186 @@
+"""Error compensation: wrappers that are themselves compressors (`+ef`, `+ef21`, `+aqsgd`).
+
+State is keyed explicitly by `ctx.key` (boundary, direction, micro-batch slot) or, for AQ-SGD, by
+(boundary, direction, sample id). Sender-side state lives in `send`, receiver-side state in `recv`:
+one process holds only one side of a boundary, while the in-process boundary holds both, which must
+stay bit-identical. With `ctx.training == False` the wrappers compress plainly and touch no state.
+
+  EF     c = C(x + e);  e <- x + e - D(c)                  sender only; the payload is C's
+  EF21   c = C(x - g);  g <- g + D(c); output g            g mirrored on both sides
+  AQSGD  per sample s: first visit sends x raw, then c = C(x - m_s); m_s <- m_s + D(c)
+         payload = (raw rows of first-visit samples, C's payload for the others)
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .ops.base import Compressor, Context, Layout, Payload, TensorSpec
+
+FEEDBACKS = ("ef", "ef21", "aqsgd")
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Residuals/states keep at least fp32 precision (float64 stays float64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _copy(tree: dict[Any, Any]) -> dict[Any, Any]:
+    """Copy nested dicts; tensors are shared, since the wrappers replace them and never write in place."""
+    return {k: _copy(v) if isinstance(v, dict) else v for k, v in tree.items()}
+
+
+class _Wrapper(Compressor):
+    tag = ""
+
+    def __init__(self, inner: Compressor, nonfinite: str = "raise") -> None:
+        super().__init__(f"{inner.spec}+{self.tag}", nonfinite)
+        self.inner = inner
+        self.send: dict[str, Any] = {}
+        self.recv: dict[str, Any] = {}
+
+    def wire_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout:
+        return self.inner.wire_layout(shape, dtype, ctx)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"send": _copy(self.send), "recv": _copy(self.recv), "inner": self.inner.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.send = _copy(state.get("send", {}))
+        self.recv = _copy(state.get("recv", {}))
+        self.inner.load_state_dict(state.get("inner", {}))
+
+    def _state(self, table: dict[str, Tensor], ctx: Context, like: Tensor) -> Tensor:
+        """The state under ctx.key, zeros (acc dtype) on first use or after a shape change."""
+        state = table.get(ctx.key)
+        if state is not None and state.shape == like.shape:
+            return state
+        if state is not None:
+            warnings.warn(
+                f"{ctx.name}: {self.tag} state {ctx.key} had shape {tuple(state.shape)}, input has "
+                f"{tuple(like.shape)}; restarting it from zero",
+                stacklevel=3,
+            )
+        return torch.zeros(like.shape, dtype=_acc_dtype(like.dtype), device=like.device)
+
+
+class EF(_Wrapper):
+    """Classic error feedback: the residual of what compression dropped is added to the next input."""
+
+    tag = "ef"
+
+    def _encode(self, x: Tensor, ctx: Context) -> Payload:
+        if not ctx.training:
+            return self.inner.encode(x, ctx)
+        corrected = x.to(_acc_dtype(x.dtype)) + self._state(self.send, ctx, x)  # x.shape
+        payload = self.inner.encode(corrected.to(x.dtype), ctx)
+        self.send[ctx.key] = corrected - self.inner.decode(payload, ctx).to(corrected.dtype)
+        return payload
+
+    def _decode(self, payload: Payload, ctx: Context) -> Tensor:
+        return self.inner.decode(payload, ctx)
+
+
+class EF21(_Wrapper):
+    """EF21: both sides keep g; the wire carries C(x - g) and both add its decoding to g."""
+
+    tag = "ef21"
+
+    def _encode(self, x: Tensor, ctx: Context) -> Payload:
+        if not ctx.training:
+            return self.inner.encode(x, ctx)
+        g = self._state(self.send, ctx, x)  # x.shape, acc dtype
+        payload = self.inner.encode((x.to(g.dtype) - g).to(x.dtype), ctx)
+        self.send[ctx.key] = g + self.inner.decode(payload, ctx).to(g.dtype)
+        return payload
+
+    def _decode(self, payload: Payload, ctx: Context) -> Tensor:
+        delta = self.inner.decode(payload, ctx)
+        if not ctx.training:
+            return delta
+        g = self._state(self.recv, ctx, delta) + delta.to(_acc_dtype(delta.dtype))
+        self.recv[ctx.key] = g
+        return g.to(payload.dtype)
+
+
+class AQSGD(_Wrapper):
+    """AQ-SGD: compress each sample's change against a buffer both sides keep per sample id."""
+
+    tag = "aqsgd"
+
+    @staticmethod
+    def _ids(ctx: Context, batch: int) -> list[int]:
+        if ctx.sample_ids is None:
+            raise ValueError(
+                f"{ctx.name}: +aqsgd needs per-sample ids (ctx.sample_ids, one per row of dim 0); "
+                "pass them with the batch (see README, 'Sample ids')"
+            )
+        ids = [int(i) for i in ctx.sample_ids.reshape(-1).tolist()]
+        if len(ids) != batch or len(set(ids)) != len(ids):
+            raise ValueError(f"{ctx.name}: +aqsgd got sample ids {ids} for a batch of {batch}; need {batch} distinct ids")
+        return ids
+
+    def _split(self, ctx: Context, shape: tuple[int, ...], table: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
+        """(ids, rows with a buffer, rows sent raw) by one side's buffers; a buffer of another
+        shape (e.g. a new sequence length) counts as a first visit on both sides alike."""
+        ids = self._ids(ctx, shape[0])
+        known = table.get(ctx.key, {})
+        old = [i for i, s in enumerate(ids) if s in known and tuple(known[s].shape) == tuple(shape[1:])]
+        new = [i for i in range(len(ids)) if i not in set(old)]
+        return ids, old, new
+
+    def wire_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout:
+        if ctx is None or not ctx.training:
+            return self.inner.wire_layout(shape, dtype, ctx)
+        # A receiver asks before decoding; a sender (or an in-process pair) before encoding.
+        _, old, new = self._split(ctx, tuple(shape), self.recv if ctx.key in self.recv else self.send)
+        rest = tuple(shape[1:])
+        return [TensorSpec((len(new),) + rest, dtype)] + self.inner.wire_layout((len(old),) + rest, dtype, ctx)
+
+    def _sub(self, ctx: Context, rows: list[int]) -> Context:
+        ids = ctx.sample_ids.reshape(-1)[rows] if ctx.sample_ids is not None else None  # (len(rows),)
+        return ctx.replace(sample_ids=ids)
+
+    def _encode(self, x: Tensor, ctx: Context) -> Payload:
+        if not ctx.training:
+            return self.inner.encode(x, ctx)
+        ids, old, new = self._split(ctx, tuple(x.shape), self.send)
+        buf = self.send.setdefault(ctx.key, {})
+        base = torch.stack([buf[ids[i]] for i in old]) if old else x.new_zeros((0,) + x.shape[1:])  # (n_old, ...)
+        delta = (x[old].to(_acc_dtype(x.dtype)) - base.to(_acc_dtype(x.dtype))).to(x.dtype)  # (n_old, ...)
+        inner = self.inner.encode(delta, self._sub(ctx, old))
+        self._update(buf, ids, old, new, base, self.inner.decode(inner, self._sub(ctx, old)), x[new])
+        return Payload((x[new].contiguous(),) + inner.tensors, x.shape, x.dtype)
+
+    def _decode(self, payload: Payload, ctx: Context) -> Tensor:
+        if not ctx.training:
+            return self.inner.decode(payload, ctx)
+        ids, old, new = self._split(ctx, tuple(payload.shape), self.recv)
+        buf = self.recv.setdefault(ctx.key, {})
+        raw, rest = payload.tensors[0], payload.tensors[1:]
+        shape = torch.Size((len(old),) + tuple(payload.shape[1:]))
+        delta = self.inner.decode(Payload(tuple(rest), shape, payload.dtype), self._sub(ctx, old))
+        base = torch.stack([buf[ids[i]] for i in old]) if old else delta
+        return self._update(buf, ids, old, new, base, delta, raw)
+
+    @staticmethod
+    def _update(
+        buf: dict[int, Tensor], ids: list[int], old: list[int], new: list[int], base: Tensor, delta: Tensor, raw: Tensor
+    ) -> Tensor:
+        """Store new reconstructions in `buf` (same arithmetic on both sides) and return the batch."""
+        acc = _acc_dtype(raw.dtype)
+        recon_old = (base.to(acc) + delta.to(acc)).to(raw.dtype)  # (n_old, ...)
+        out = raw.new_empty((len(ids),) + tuple(raw.shape[1:]))
+        out[old] = recon_old
+        out[new] = raw
+        for j, i in enumerate(old):
+            buf[ids[i]] = recon_old[j].clone()
+        for j, i in enumerate(new):
+            buf[ids[i]] = raw[j].clone()
+        return out
+
+
+WRAPPERS: dict[str, type[_Wrapper]] = {"ef": EF, "ef21": EF21, "aqsgd": AQSGD}

@@ -1,0 +1,228 @@
+"""The operator contract: Payload, Context, TensorSpec, OpConfig and the Compressor base class.
+
+An operator is pure: `encode(x, ctx) -> Payload`, `decode(payload, ctx) -> Tensor`, and
+`wire_layout(shape, dtype, ctx)` gives the exact (shape, dtype) of every tensor that travels, so a
+receiver can preallocate without seeing `x`. Randomness comes from `ctx.generator(...)`, a
+`torch.Generator` seeded from (seed, boundary, direction, step, micro-batch), never the global RNG.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+from torch import Tensor
+
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+NONFINITE_POLICIES = ("raise", "allow")
+
+
+class TensorSpec(NamedTuple):
+    """Shape and dtype of one tensor on the wire."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+Layout = list[TensorSpec]
+
+
+def layout_nbytes(layout: Layout) -> int:
+    """Exact number of bytes a payload with this layout puts on the wire."""
+    return sum(spec.nbytes for spec in layout)
+
+
+@dataclass(frozen=True, eq=False)
+class Payload:
+    """What travels (`tensors`) plus what both sides already know (`shape`, `dtype` of the input)."""
+
+    tensors: tuple[Tensor, ...]
+    shape: torch.Size
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Exact bytes on the wire: the sum of the payload tensors' bytes."""
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    @property
+    def layout(self) -> Layout:
+        return [TensorSpec(tuple(t.shape), t.dtype) for t in self.tensors]
+
+
+@dataclass(frozen=True, eq=False)
+class Context:
+    """Where a tensor travels. Operators read it; they never mutate it."""
+
+    name: str = "boundary0.act"
+    """Human-readable place, used in error messages."""
+    boundary: int = 0
+    """Index of the stage boundary (0 = between stage 0 and stage 1)."""
+    direction: str = "act"
+    """"act" for forward activations, "grad" for backward activation-gradients."""
+    step: int = 0
+    """Optimizer step (global_steps in DeepSpeed)."""
+    micro_batch: int = 0
+    """Micro-batch slot within the step."""
+    seed: int = 0
+    """Base seed of every generator derived from this context."""
+    sample_ids: Tensor | None = None
+    """Per-sample ids (int64, shape (batch,)) for AQ-SGD buffers; None where unknown."""
+    training: bool = True
+    """False for inference: stateful wrappers then neither read nor update their state."""
+
+    @property
+    def key(self) -> str:
+        """State key of error-feedback buffers: boundary, direction and micro-batch slot."""
+        return f"b{self.boundary}.{self.direction}.mb{self.micro_batch}"
+
+    def generator(self, device: torch.device, salt: str) -> torch.Generator:
+        """A fresh generator that sender and receiver derive identically; `salt` names the user."""
+        text = f"{self.seed}|{self.boundary}|{self.direction}|{self.step}|{self.micro_batch}|{salt}"
+        seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed & ((1 << 63) - 1))
+        return gen
+
+    def replace(self, **changes: Any) -> "Context":
+        return dataclasses.replace(self, **changes)
+
+
+class OpConfig:
+    """Base of the operator configs (frozen dataclasses). See `pp_compress.config` for the grammar.
+
+    Subclasses set NAME (the spec name), POSITIONAL (the field a bare `name:value` sets) and
+    implement `build()`; `names()` lists spellings such as int8 or fp16 and `from_name()` maps one to
+    preset fields.
+    """
+
+    NAME: ClassVar[str]
+    POSITIONAL: ClassVar[str | None] = None
+    FORMS: ClassVar[str] = ""
+
+    @classmethod
+    def from_name(cls, name: str) -> dict[str, Any] | None:
+        """Preset fields when `name` spells this operator, else None."""
+        return {} if name == cls.NAME else None
+
+    def spec_name(self) -> str:
+        return self.NAME
+
+    def build(self) -> "Compressor":
+        raise NotImplementedError
+
+
+class Compressor(abc.ABC):
+    """Base class: public `compress`/`decompress` check their input and call `encode`/`decode`."""
+
+    def __init__(self, config: Any, nonfinite: str = "raise") -> None:
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite={nonfinite!r}; accepted: {', '.join(NONFINITE_POLICIES)}")
+        self.config = config
+        self.nonfinite = nonfinite
+
+    # --- public API -------------------------------------------------------------------------
+    def compress(self, x: Tensor, ctx: Context | None = None) -> Payload:
+        ctx = ctx or Context()
+        check_input(x, ctx, self.nonfinite)
+        return self.encode(x, ctx)
+
+    def decompress(self, payload: Payload, ctx: Context | None = None) -> Tensor:
+        return self.decode(payload, ctx or Context())
+
+    def roundtrip(self, x: Tensor, ctx: Context | None = None) -> tuple[Tensor, Payload]:
+        """compress + decompress in one process (what a sender/receiver pair does over the wire)."""
+        ctx = ctx or Context()
+        payload = self.compress(x, ctx)
+        return self.decompress(payload, ctx), payload
+
+    def encode(self, x: Tensor, ctx: Context) -> Payload:
+        """compress without the input checks (what composed operators call); empty input -> empty payload."""
+        if x.numel() == 0:
+            layout = self.wire_layout(tuple(x.shape), x.dtype, ctx)
+            return Payload(tuple(x.new_empty(s.shape, dtype=s.dtype) for s in layout), x.shape, x.dtype)
+        return self._encode(x, ctx)
+
+    def decode(self, payload: Payload, ctx: Context) -> Tensor:
+        if TensorSpec(tuple(payload.shape), payload.dtype).numel == 0:
+            device = payload.tensors[0].device if payload.tensors else None
+            return torch.empty(payload.shape, dtype=payload.dtype, device=device)
+        return self._decode(payload, ctx)
+
+    # --- implemented by operators -----------------------------------------------------------
+    @abc.abstractmethod
+    def _encode(self, x: Tensor, ctx: Context) -> Payload: ...
+
+    @abc.abstractmethod
+    def _decode(self, payload: Payload, ctx: Context) -> Tensor: ...
+
+    @abc.abstractmethod
+    def wire_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout: ...
+
+    def wire_nbytes(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> int:
+        return layout_nbytes(self.wire_layout(tuple(shape), dtype, ctx))
+
+    # --- state (only error-feedback wrappers and warm-started operators have any) ---------------
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{self!r} is stateless but got state with keys {sorted(state)}")
+
+    @property
+    def spec(self) -> str:
+        return str(self.config) if not isinstance(self.config, OpConfig) else format_op(self.config)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec!r})"
+
+
+def check_input(x: Tensor, ctx: Context, nonfinite: str) -> None:
+    """TypeError for non-float input; FloatingPointError for NaN/Inf unless nonfinite == "allow"."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{ctx.name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{ctx.name}: only floating-point tensors are compressed, got {x.dtype} "
+            f"(accepted: {', '.join(str(d) for d in FLOAT_DTYPES)}); pass other tensors through untouched"
+        )
+    if nonfinite == "raise" and x.numel() and not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise FloatingPointError(
+            f"{ctx.name}: input has {bad} NaN/Inf value(s) at step {ctx.step}; refusing to compress "
+            "(set nonfinite='allow' to send them through operators that preserve them)"
+        )
+
+
+def format_op(cfg: OpConfig) -> str:
+    """Canonical spec of one operator config: name, positional value, then non-default fields."""
+    parts = [cfg.spec_name()]
+    preset = cfg.from_name(cfg.spec_name()) or {}
+    for f in dataclasses.fields(cfg):  # type: ignore[arg-type]
+        value = getattr(cfg, f.name)
+        if f.name in preset:
+            continue
+        if f.name == cfg.POSITIONAL:
+            parts.append(_fmt(value))
+        elif value != f.default:
+            parts.append(f.name if value is True else f"{f.name}={_fmt(value)}")
+    return ":".join(parts)
+
+
+def _fmt(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)

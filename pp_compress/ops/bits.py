@@ -1,0 +1,42 @@
+"""Bit packing of sub-byte codes with tensor ops (no Python loop over elements)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+PACKABLE_BITS = (1, 2, 4, 8)
+
+
+def packed_nbytes(n: int, bits: int) -> int:
+    """Bytes that `n` codes of `bits` bits occupy after packing."""
+    return (n * bits + 7) // 8
+
+
+def pack_bits(codes: Tensor, bits: int) -> Tensor:
+    """Pack a flat uint8 tensor of codes < 2**bits into bytes, first code in the lowest bits."""
+    if bits not in PACKABLE_BITS:
+        raise ValueError(f"bits={bits}; accepted: {PACKABLE_BITS}")
+    codes = codes.reshape(-1).to(torch.uint8)  # (n,)
+    if bits == 8:
+        return codes
+    per = 8 // bits
+    pad = (-codes.numel()) % per
+    if pad:
+        codes = torch.cat([codes, codes.new_zeros(pad)])
+    grouped = codes.view(-1, per)  # (n / per, per)
+    out = grouped[:, 0].clone()  # (n / per,)
+    for i in range(1, per):
+        out |= grouped[:, i] << (i * bits)
+    return out
+
+
+def unpack_bits(packed: Tensor, bits: int, n: int) -> Tensor:
+    """Inverse of `pack_bits`: the first `n` codes as a flat uint8 tensor."""
+    if bits not in PACKABLE_BITS:
+        raise ValueError(f"bits={bits}; accepted: {PACKABLE_BITS}")
+    if bits == 8:
+        return packed[:n]
+    per = 8 // bits
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)  # (per,)
+    codes = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # (nbytes, per)
+    return codes.reshape(-1)[:n]

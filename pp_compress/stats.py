@@ -1,0 +1,65 @@
+"""Counters per boundary and direction: bytes before/after, ratio, timings, relative error."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class DirectionStats:
+    """Accumulated over every tensor one boundary sent in one direction."""
+
+    calls: int = 0
+    raw_bytes: int = 0
+    wire_bytes: int = 0
+    compress_s: float = 0.0
+    decompress_s: float = 0.0
+    err_sq: float = 0.0
+    ref_sq: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        """raw bytes / wire bytes (1.0 before anything was sent)."""
+        return self.raw_bytes / self.wire_bytes if self.wire_bytes else 1.0
+
+    @property
+    def rel_error(self) -> float:
+        """||x - x_hat|| / ||x|| over everything measured."""
+        return (self.err_sq / self.ref_sq) ** 0.5 if self.ref_sq else 0.0
+
+    def record(self, raw_bytes: int, wire_bytes: int, compress_s: float = 0.0, decompress_s: float = 0.0) -> None:
+        self.calls += 1
+        self.raw_bytes += raw_bytes
+        self.wire_bytes += wire_bytes
+        self.compress_s += compress_s
+        self.decompress_s += decompress_s
+
+    def record_error(self, x: Tensor, x_hat: Tensor) -> None:
+        ref = x.detach().double()
+        self.err_sq += float(torch.sum((ref - x_hat.detach().double()) ** 2))
+        self.ref_sq += float(torch.sum(ref**2))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "raw_bytes": self.raw_bytes,
+            "wire_bytes": self.wire_bytes,
+            "ratio": round(self.ratio, 4),
+            "rel_error": round(self.rel_error, 6),
+            "compress_s": round(self.compress_s, 6),
+            "decompress_s": round(self.decompress_s, 6),
+        }
+
+
+def format_table(rows: dict[str, DirectionStats]) -> str:
+    """A fixed-width table of named stats, e.g. {"b0.act": ..., "b0.grad": ...}."""
+    head = f"{'where':<10} {'calls':>6} {'raw MB':>9} {'wire MB':>9} {'ratio':>7} {'rel err':>8}"
+    lines = [head, "-" * len(head)]
+    for name, s in rows.items():
+        lines.append(
+            f"{name:<10} {s.calls:>6} {s.raw_bytes / 1e6:>9.2f} {s.wire_bytes / 1e6:>9.2f} {s.ratio:>7.2f} {s.rel_error:>8.4f}"
+        )
+    return "\n".join(lines)

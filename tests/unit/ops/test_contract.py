@@ -1,0 +1,110 @@
+"""The operator contract, checked for every operator, dtype and a spread of shapes."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pp_compress as ppc
+from pp_compress.wire import from_buffer, to_buffer
+from tests.conftest import DTYPES, FEEDBACK_SPECS, OP_SPECS
+
+SHAPES = [(4, 16, 32), (2, 3, 5), (1, 64), (7,), (3, 1, 1, 8)]
+
+
+def _ctx(**kw):
+    ids = torch.arange(kw.pop("batch", 1))
+    return ppc.Context(sample_ids=ids, **kw)
+
+
+@pytest.mark.parametrize("spec", OP_SPECS + FEEDBACK_SPECS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_shape_dtype_device_and_exact_bytes(spec, dtype):
+    op = ppc.build(spec)
+    for shape in SHAPES:
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+        ctx = _ctx(batch=shape[0])
+        layout = op.wire_layout(x.shape, x.dtype, ctx)
+        p = op.compress(x, ctx)
+        y = op.decompress(p, ctx)
+        assert y.shape == x.shape and y.dtype == x.dtype and y.device == x.device
+        assert p.layout == layout, (spec, shape)
+        assert p.nbytes == sum(t.numel() * t.element_size() for t in p.tensors) == ppc.layout_nbytes(layout)
+        assert torch.isfinite(y.float()).all()
+
+
+@pytest.mark.parametrize("spec", OP_SPECS)
+def test_flat_buffer_roundtrip_decodes_identically(spec):
+    op = ppc.build(spec)
+    x = torch.randn(4, 16, 32)
+    ctx = _ctx(batch=4)
+    p = op.compress(x, ctx)
+    buf = to_buffer(p)
+    assert buf.dtype == torch.uint8 and buf.numel() == p.nbytes
+    q = from_buffer(buf.clone(), op.wire_layout(x.shape, x.dtype, ctx), x.shape, x.dtype)
+    assert torch.equal(op.decompress(q, ctx), op.decompress(p, ctx))
+
+
+@pytest.mark.parametrize("spec", OP_SPECS)
+def test_empty_tensor(spec):
+    op = ppc.build(spec)
+    for shape in [(0, 8, 4), (0,)]:
+        x = torch.empty(shape)
+        y, p = op.roundtrip(x)
+        assert y.shape == x.shape and p.layout == op.wire_layout(x.shape, x.dtype)
+
+
+@pytest.mark.parametrize("spec", OP_SPECS)
+def test_zeros_stay_zero(spec):
+    x = torch.zeros(2, 8, 16)
+    y, _ = ppc.build(spec).roundtrip(x)
+    assert torch.equal(y, x)
+
+
+@pytest.mark.parametrize("spec", ["identity", "topk:1.0", "topk:1.0:index=index", "randk:1.0"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lossless_forms_are_bitwise(spec, dtype):
+    x = torch.randn(3, 10, 12).to(dtype)
+    y, _ = ppc.build(spec).roundtrip(x)
+    assert torch.equal(y, x)
+
+
+def test_non_float_input_is_a_type_error():
+    with pytest.raises(TypeError, match="only floating-point"):
+        ppc.build("int8").compress(torch.ones(4, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nonfinite_policy(bad):
+    x = torch.randn(2, 8)
+    x[1, 3] = bad
+    ctx = ppc.Context(name="boundary3.grad")
+    with pytest.raises(FloatingPointError, match="boundary3.grad"):
+        ppc.build("int8").compress(x, ctx)
+    y, _ = ppc.build("topk:1.0", nonfinite="allow").roundtrip(x, ctx)
+    assert torch.equal(y.isnan(), x.isnan()) and torch.equal(y.isinf(), x.isinf())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    spec=st.sampled_from(OP_SPECS),
+    shape=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    scale=st.sampled_from([1e-6, 1.0, 1e4]),
+)
+def test_property_any_shape_and_magnitude(spec, shape, scale):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))) * scale
+    op = ppc.build(spec)
+    ctx = _ctx(batch=shape[0])
+    layout = op.wire_layout(x.shape, x.dtype, ctx)
+    y, p = op.roundtrip(x, ctx)
+    assert p.layout == layout and y.shape == x.shape
+    # No operator makes the reconstruction larger than a small multiple of the input.
+    assert float(y.norm()) <= 40 * float(x.norm()) + 1e-12
+
+
+def test_operators_are_deterministic_given_context():
+    x = torch.randn(4, 32)
+    for spec in ["randk:0.1", "int4:stoch", "lowrank:2:method=svd"]:
+        a = ppc.build(spec).roundtrip(x, ppc.Context(step=3))[0]
+        b = ppc.build(spec).roundtrip(x, ppc.Context(step=3))[0]
+        c = ppc.build(spec).roundtrip(x, ppc.Context(step=4))[0]
+        assert torch.equal(a, b) and not torch.equal(a, c), spec

@@ -1,0 +1,15 @@
+import subprocess
+import sys
+
+
+def test_import_is_light():
+    code = "import sys, pp_compress; bad = [m for m in ('deepspeed', 'transformers') if m in sys.modules]; print(bad)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_public_api_names():
+    import pp_compress as ppc
+
+    for name in ["build", "parse_spec", "CompressionConfig", "CompressionBoundary", "insert_boundaries", "Payload", "Context"]:
+        assert name in ppc.__all__ and hasattr(ppc, name)
