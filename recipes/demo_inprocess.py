@@ -24,8 +24,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pp_compress as ppc  # noqa: E402
 
-DEFAULT_SPECS = ["identity", "act=int8,grad=int8", "act=topk:0.1>int8,grad=int8", "act=topk:0.1,grad=topk:0.1",
-                 "act=topk:0.1,grad=topk:0.1+ef"]
+DEFAULT_SPECS = ["identity", "act=int8,grad=int8", "act=topk:0.1,grad=topk:0.1", "act=topk:0.1,grad=topk:0.1+ef"]
 
 
 def stdlib_text(limit: int = 2_000_000) -> bytes:
@@ -89,9 +88,9 @@ def main() -> None:
     ap.add_argument("--spec", action="append", help="pp_compress spec (repeatable); default: a comparison of five")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("runs/demo"))
     args = ap.parse_args()
