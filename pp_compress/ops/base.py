@@ -78,6 +78,8 @@ class Context:
     """Optimizer step (global_steps in DeepSpeed)."""
     micro_batch: int = 0
     """Micro-batch slot within the step."""
+    tensor: int = 0
+    """Position of the tensor in a tuple that crosses the boundary together."""
     seed: int = 0
     """Base seed of every generator derived from this context."""
     sample_ids: Tensor | None = None
@@ -87,12 +89,12 @@ class Context:
 
     @property
     def key(self) -> str:
-        """State key of error-feedback buffers: boundary, direction and micro-batch slot."""
-        return f"b{self.boundary}.{self.direction}.mb{self.micro_batch}"
+        """State key of error-feedback buffers: boundary, direction, micro-batch slot (and tensor)."""
+        return f"b{self.boundary}.{self.direction}.mb{self.micro_batch}" + (f".t{self.tensor}" if self.tensor else "")
 
     def generator(self, device: torch.device, salt: str) -> torch.Generator:
         """A fresh generator that sender and receiver derive identically; `salt` names the user."""
-        text = f"{self.seed}|{self.boundary}|{self.direction}|{self.step}|{self.micro_batch}|{salt}"
+        text = f"{self.seed}|{self.boundary}|{self.direction}|{self.step}|{self.micro_batch}|{self.tensor}|{salt}"
         seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
         gen = torch.Generator(device=device)
         gen.manual_seed(seed & ((1 << 63) - 1))
