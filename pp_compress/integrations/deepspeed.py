@@ -1,0 +1,200 @@
+"""The DeepSpeed shim: a PipelineEngine whose four p2p instructions send compressed payloads.
+
+    engine, optimizer, _, scheduler = pp_compress.deepspeed.initialize(
+        model=pipeline_module, config=ds_config, compression="act=int8,grad=topk:0.1+ef")
+
+Only this file imports deepspeed. What it relies on (DeepSpeed 0.19.8, see README):
+- `_INSTRUCTION_MAP` holds base-class functions, so the subclass rebuilds it for its overrides to run;
+- `deepspeed.initialize` builds `deepspeed.PipelineEngine` by its package-level name, so `initialize`
+  swaps that name for the duration of the call;
+- the uncompressed activation meta (shape, dtype) is still exchanged once by DeepSpeed's own
+  handshake, and both sides derive the payload layout from it; receive buffers are our own;
+- `client_state` is written per stage by data-parallel rank 0 only, so compression state goes to a
+  file per global rank next to the checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from typing import Any
+
+import deepspeed
+import torch
+import torch.distributed as tdist
+from deepspeed.runtime.pipe import p2p, schedule
+from deepspeed.runtime.pipe.engine import PipelineEngine
+from deepspeed.runtime.pipe.module import PipelineModule
+from deepspeed.utils import logger
+
+from ..config import CompressionConfig, parse_spec
+from ..ops.base import TensorSpec
+from ..pipe import StageCompression
+from ..stats import format_table
+
+SECTION = "pp_compress"
+
+
+class CompressedPipelineEngine(PipelineEngine):
+    """PipelineEngine with compressed SendActivation/RecvActivation/SendGrad/RecvGrad."""
+
+    pp_compress: StageCompression
+
+    def pp_compress_setup(self, cfg: CompressionConfig) -> None:
+        if self.is_pipe_partitioned or self.is_grad_partitioned:
+            raise NotImplementedError("pp_compress does not support tensor-parallel partitioned pipe activations/grads yet")
+        if self.has_attention_mask or self.has_bool_tensors:
+            raise NotImplementedError("pp_compress does not support has_attention_mask/has_bool_tensors pipelines yet")
+        _check_same_config(cfg)
+        self.pp_compress = StageCompression(cfg, self.stage_id, self.num_stages)
+        self._pp_mb: dict[str, int] = {}
+        self._pp_act_specs: list[TensorSpec] | None = None
+        self._pp_act_tuple = False
+
+    # --- bookkeeping --------------------------------------------------------------------------
+    def _exec_schedule(self, pipe_schedule: Any) -> None:
+        self._pp_mb = {}  # each instruction type runs in micro-batch order: count per type
+        super()._exec_schedule(pipe_schedule)
+
+    def _mb(self, kind: str) -> int:
+        n = self._pp_mb.get(kind, 0)
+        self._pp_mb[kind] = n + 1
+        return n
+
+    def _where(self, kind: str) -> dict[str, Any]:
+        return {"step": self.global_steps, "micro_batch": self._mb(kind), "training": self.module.training}
+
+    # --- the four instructions ----------------------------------------------------------------
+    def _exec_send_activations(self, buffer_id: int) -> None:
+        outputs = self.pipe_buffers["outputs"][buffer_id]
+        if self.dynamic_shape or self.first_output_send:
+            self.first_output_send = False
+            self._send_tensor_meta(outputs, self.next_stage)
+        tensors = [outputs] if torch.is_tensor(outputs) else list(outputs)
+        self.pp_compress.send(tensors, self.stage_id, "act", send_fn=lambda t: p2p.send(t, self.next_stage),
+                              **self._where("send_act"))
+
+    def _exec_recv_activations(self, buffer_id: int) -> None:
+        if self.dynamic_shape or self._pp_act_specs is None:
+            meta = self._recv_tensor_meta(self.prev_stage)  # DeepSpeed's handshake: shapes and dtypes
+            self._pp_act_tuple = not torch.is_tensor(meta)
+            self._pp_act_specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (meta if self._pp_act_tuple else [meta])]
+        recvd = self.pp_compress.recv(self._pp_act_specs, self.stage_id - 1, "act", device=self.device,
+                                      recv_fn=lambda t: p2p.recv(t, self.prev_stage), **self._where("recv_act"))
+        for t in recvd:
+            t.requires_grad = t.is_floating_point()
+        self.pipe_buffers["inputs"][buffer_id] = tuple(recvd) if self._pp_act_tuple else recvd[0]
+
+    def _exec_send_grads(self, buffer_id: int) -> None:
+        inputs = self.pipe_buffers["inputs"][buffer_id]
+        grads = [inputs.grad] if torch.is_tensor(inputs) else [t.grad for t in inputs if t.is_floating_point()]
+        if any(g is None for g in grads):
+            raise RuntimeError(f"stage {self.stage_id}: a floating-point input received no gradient; cannot send it back")
+        self.pp_compress.send(grads, self.stage_id - 1, "grad", send_fn=lambda t: p2p.send(t, self.prev_stage),
+                              **self._where("send_grad"))
+        self.pipe_buffers["inputs"][buffer_id] = None
+
+    def _exec_recv_grads(self, buffer_id: int) -> None:
+        outputs = self.pipe_buffers["outputs"][buffer_id]
+        outs = [outputs] if torch.is_tensor(outputs) else [t for t in outputs if t.is_floating_point()]
+        grads = self.pp_compress.recv([TensorSpec(tuple(t.shape), t.dtype) for t in outs], self.stage_id, "grad",
+                                      device=self.device, recv_fn=lambda t: p2p.recv(t, self.next_stage),
+                                      **self._where("recv_grad"))
+        self.grad_layer = grads[0] if torch.is_tensor(outputs) else grads
+
+    _INSTRUCTION_MAP = {
+        **PipelineEngine._INSTRUCTION_MAP,
+        schedule.SendActivation: _exec_send_activations,
+        schedule.RecvActivation: _exec_recv_activations,
+        schedule.SendGrad: _exec_send_grads,
+        schedule.RecvGrad: _exec_recv_grads,
+    }
+
+    # --- statistics and logging ---------------------------------------------------------------
+    def pp_compress_stats(self) -> dict[str, dict[str, Any]]:
+        """This stage's counters: raw and wire bytes, ratio, time, per boundary and direction."""
+        return {k: v.as_dict() for k, v in self.pp_compress.stats.items() if v.calls}
+
+    def train_batch(self, data_iter: Any = None) -> Any:
+        loss = super().train_batch(data_iter)
+        every = self.steps_per_print()
+        if every and self.global_steps % every == 0 and self.grid.data_parallel_id == 0:
+            rows = {k: v for k, v in self.pp_compress.stats.items() if v.calls}
+            logger.info(f"pp_compress stage {self.stage_id} step {self.global_steps}\n{format_table(rows)}")
+        return loss
+
+    # --- checkpoints: one file of compression state per global rank ---------------------------
+    def _pp_state_path(self, root: str, tag: str) -> str:
+        return os.path.join(root, tag, f"pp_compress_rank{self.global_rank:05d}.pt")
+
+    def save_checkpoint(self, save_dir: str, tag: Any = None, client_state: dict | None = None,
+                        save_latest: bool = True, **kwargs: Any) -> Any:
+        tag = f"global_step{self.global_steps}" if tag is None else str(tag)
+        os.makedirs(os.path.join(save_dir, tag), exist_ok=True)
+        # Before super(): it ends with a barrier and writes `latest` last, so no rank sees a partial checkpoint.
+        torch.save(self.pp_compress.state_dict(), self._pp_state_path(save_dir, tag))
+        return super().save_checkpoint(save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest, **kwargs)
+
+    def load_checkpoint(self, load_dir: str, tag: Any = None, **kwargs: Any) -> Any:
+        load_path, client_state = super().load_checkpoint(load_dir, tag=tag, **kwargs)
+        if load_path is not None:
+            path = os.path.join(os.path.dirname(load_path), os.path.basename(self._pp_state_path("", "")))
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"{path} is missing: checkpoint was not written by pp_compress (or by another topology)")
+            self.pp_compress.load_state_dict(torch.load(path, weights_only=False))
+        return load_path, client_state
+
+
+def _check_same_config(cfg: CompressionConfig) -> None:
+    """Every rank must compress identically; a mismatch would corrupt silently, so stop everyone."""
+    digest = int.from_bytes(hashlib.blake2b(str(cfg).encode(), digest_size=7).digest(), "little")
+    mine = torch.tensor([digest], dtype=torch.int64)
+    every = [torch.zeros_like(mine) for _ in range(tdist.get_world_size())]
+    tdist.all_gather(every, mine)
+    differ = [r for r, h in enumerate(every) if int(h) != digest]
+    if differ:
+        raise RuntimeError(f"pp_compress config differs across ranks: rank {tdist.get_rank()} runs {str(cfg)!r}, "
+                           f"ranks {differ} run another; every rank must get the same --pp-compress / config section")
+
+
+def resolve_config(config: dict | str | None, compression: CompressionConfig | str | dict | None) -> tuple[dict, CompressionConfig]:
+    """Split a DeepSpeed config (dict or JSON path) into (DeepSpeed part, CompressionConfig); `compression` wins."""
+    if isinstance(config, str):
+        with open(config) as f:
+            config = json.load(f)
+    ds_config = dict(config or {})
+    section = ds_config.pop(SECTION, None)
+    chosen = compression if compression is not None else section
+    if chosen is None:
+        return ds_config, CompressionConfig()
+    if isinstance(chosen, CompressionConfig):
+        return ds_config, chosen
+    if isinstance(chosen, str):
+        return ds_config, parse_spec(chosen)
+    if isinstance(chosen, dict):
+        return ds_config, CompressionConfig.from_dict(chosen)
+    raise TypeError(f"compression={chosen!r}; accepted: a spec string, a dict like the '{SECTION}' section, or CompressionConfig")
+
+
+def initialize(model: PipelineModule, config: dict | str | None = None,
+               compression: CompressionConfig | str | dict | None = None, **kwargs: Any) -> tuple:
+    """Drop-in for deepspeed.initialize that returns a CompressedPipelineEngine."""
+    if not isinstance(model, PipelineModule):
+        raise TypeError(f"pp_compress compresses pipeline traffic: model must be a deepspeed.pipe.PipelineModule, got {type(model).__name__}")
+    ds_config, cfg = resolve_config(config, compression)
+    saved = deepspeed.PipelineEngine
+    deepspeed.PipelineEngine = CompressedPipelineEngine
+    try:
+        out = deepspeed.initialize(model=model, config=ds_config, **kwargs)
+    finally:
+        deepspeed.PipelineEngine = saved
+    out[0].pp_compress_setup(cfg)
+    return out
+
+
+def add_argparse_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds --pp-compress SPEC (overrides the config's "pp_compress" section)."""
+    parser.add_argument("--pp-compress", dest="pp_compress", default=None, metavar="SPEC",
+                        help="e.g. topk:0.1 or 'act=int8,grad=topk:0.1+ef'; wins over the config's \"pp_compress\" section")
+    return parser

@@ -1,0 +1,99 @@
+"""One rank of a small DeepSpeed pipeline on CPU/gloo, launched by torchrun from the tests.
+
+Writes <out>/rank<R>.json: losses, bytes through deepspeed's p2p.send, pp_compress stats, step time.
+"""
+import argparse
+import importlib
+import json
+import os
+import time
+
+import torch
+from torch import nn
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--stages", type=int, default=2)
+ap.add_argument("--steps", type=int, default=8)
+ap.add_argument("--spec", default=None, help="pp_compress spec; omitted = plain deepspeed.initialize")
+ap.add_argument("--rank1-spec", default=None, help="rank 1 uses this spec instead (mismatch test)")
+ap.add_argument("--bf16", action="store_true")
+ap.add_argument("--hidden", type=int, default=64)
+ap.add_argument("--ckpt", default=None, help="save after steps/2, continue, then resume a fresh engine and compare")
+ap.add_argument("--out", required=True)
+args = ap.parse_args()
+
+import deepspeed  # noqa: E402
+import deepspeed.comm as dist  # noqa: E402
+from deepspeed.pipe import LayerSpec, PipelineModule  # noqa: E402
+from deepspeed.runtime.pipe import p2p  # noqa: E402
+
+importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip the 30-70 s shm JIT build (unused by p2p)
+import pp_compress.deepspeed as ppd  # noqa: E402
+
+SENT = {"bytes": 0}
+_send = p2p.send
+
+
+def counting_send(tensor, dest_stage, async_op=False):
+    SENT["bytes"] += tensor.numel() * tensor.element_size()
+    return _send(tensor, dest_stage, async_op)
+
+
+p2p.send = counting_send
+deepspeed.init_distributed(dist_backend="gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+D, H, MBS, GAS = 16, args.hidden, 4, 4
+
+
+def make_engine():
+    torch.manual_seed(0)
+    layers = [LayerSpec(nn.Linear, D, H), LayerSpec(nn.GELU)]
+    for _ in range(2 * args.stages - 2):
+        layers += [LayerSpec(nn.Linear, H, H), LayerSpec(nn.GELU)]
+    layers += [LayerSpec(nn.Linear, H, D)]
+    model = PipelineModule(layers=layers, num_stages=args.stages, loss_fn=nn.MSELoss(), partition_method="uniform")
+    dp = world // args.stages
+    cfg = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": GAS,
+           "train_batch_size": MBS * GAS * dp, "steps_per_print": 10**9, "bf16": {"enabled": args.bf16},
+           "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}}}
+    if args.spec is None:
+        engine, *_ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters())
+    else:
+        spec = args.rank1_spec if (args.rank1_spec and rank == 1) else args.spec
+        engine, *_ = ppd.initialize(model=model, config=cfg, compression=spec, model_parameters=model.parameters())
+    return engine
+
+
+def data(seed, skip=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(D, D, generator=torch.Generator().manual_seed(1)) / D**0.5
+    i = 0
+    while True:
+        x = torch.randn(MBS, D, generator=g)
+        i += 1
+        if i > skip:
+            yield (x.bfloat16() if args.bf16 else x), torch.tanh(x @ w) * 2
+
+
+engine = make_engine()
+dp_id = engine.grid.data_parallel_id
+it = data(100 + dp_id)
+losses, t0 = [], time.perf_counter()
+steps = args.steps // 2 if args.ckpt else args.steps
+for _ in range(steps):
+    losses.append(float(engine.train_batch(it)))
+step_time = (time.perf_counter() - t0) / steps
+sent_train = SENT["bytes"]
+result = {"rank": rank, "stage": engine.stage_id, "dp": dp_id, "losses": losses, "sent_bytes": sent_train,
+          "step_time": step_time, "stats": engine.pp_compress_stats() if args.spec else {}}
+if args.ckpt:
+    engine.save_checkpoint(args.ckpt)
+    result["continued"] = [float(engine.train_batch(it)) for _ in range(args.steps - steps)]
+    fresh = make_engine()
+    fresh.load_checkpoint(args.ckpt)
+    it2 = data(100 + dp_id, skip=steps * GAS)
+    result["resumed"] = [float(fresh.train_batch(it2)) for _ in range(args.steps - steps)]
+result["eval"] = float(engine.eval_batch(data(7 + dp_id)))
+with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+    json.dump(result, f)
+dist.barrier()
