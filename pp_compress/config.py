@@ -154,7 +154,8 @@ class BoundaryOverride:
 
 
 _KEYS = {"act": "activations", "grad": "gradients", "eval": "eval", "warmup": "warmup_steps",
-         "min_numel": "min_numel", "seed": "seed", "nonfinite": "nonfinite"}
+         "min_numel": "min_numel", "seed": "seed", "nonfinite": "nonfinite", "error_every": "error_every"}
+_INT_FIELDS = ("warmup_steps", "min_numel", "seed", "error_every")
 _BOUNDARY_KEY = re.compile(r"b(\d+)\.(act|grad)")
 
 
@@ -176,6 +177,9 @@ class CompressionConfig:
     """Seed of every random choice (RandK indices, stochastic rounding, sketches)."""
     nonfinite: str = "raise"
     """NaN/Inf in a tensor to compress: raise (default, names the boundary) or allow."""
+    error_every: int = 10
+    """Measure the relative error ||x - x_hat|| / ||x|| for the statistics on the sender, on micro-batch 0
+    of every N-th step (one extra local decode); 0 = never."""
     boundaries: dict[int, BoundaryOverride] = field(default_factory=dict)
     """Overrides by boundary index (0 = between stage 0 and stage 1)."""
 
@@ -183,7 +187,7 @@ class CompressionConfig:
         object.__setattr__(self, "activations", _spec(self.activations))
         object.__setattr__(self, "gradients", _spec(self.gradients))
         object.__setattr__(self, "eval", _spec(self.eval))
-        for name in ("warmup_steps", "min_numel", "seed"):
+        for name in _INT_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r}; accepted: an integer >= 0")
@@ -226,7 +230,8 @@ class CompressionConfig:
         d: dict[str, Any] = {"activations": str(self.activations), "gradients": str(self.gradients)}
         if self.eval is not None:
             d["eval"] = str(self.eval)
-        d.update(warmup_steps=self.warmup_steps, min_numel=self.min_numel, seed=self.seed, nonfinite=self.nonfinite)
+        d.update(warmup_steps=self.warmup_steps, min_numel=self.min_numel, seed=self.seed, nonfinite=self.nonfinite,
+                 error_every=self.error_every)
         if self.boundaries:
             d["boundaries"] = {
                 str(b): {k: str(v) for k, v in (("activations", o.activations), ("gradients", o.gradients)) if v}
@@ -268,7 +273,7 @@ def parse_spec(text: str) -> CompressionConfig:
             name = _KEYS[key.strip()]
             if name in kwargs:
                 raise ValueError(f"{key.strip()!r} given twice in {text!r}")
-            kwargs[name] = int(value) if name in ("warmup_steps", "min_numel", "seed") and value.strip().isdigit() else value.strip()
+            kwargs[name] = int(value) if name in _INT_FIELDS and value.strip().isdigit() else value.strip()
         elif i == 0:
             kwargs["activations"] = kwargs["gradients"] = item
         else:
@@ -276,7 +281,7 @@ def parse_spec(text: str) -> CompressionConfig:
                 f"bad item {item!r} in {text!r}; accepted keys: {', '.join(_KEYS)}, b<N>.act, b<N>.grad "
                 "(a bare spec is allowed only as the first item)"
             )
-    for name in ("warmup_steps", "min_numel", "seed"):
+    for name in _INT_FIELDS:
         if isinstance(kwargs.get(name), str):
             raise ValueError(f"{name}={kwargs[name]!r} in {text!r}; accepted: an integer >= 0")
     return CompressionConfig(**kwargs, boundaries={b: BoundaryOverride(**o) for b, o in bounds.items()})

@@ -1,7 +1,7 @@
 """Error compensation: wrappers that are themselves compressors (`+ef`, `+ef21`, `+aqsgd`).
 
 State is keyed explicitly by `ctx.key` (boundary, direction, micro-batch slot) or, for AQ-SGD, by
-(boundary, direction, sample id). Sender-side state lives in `send`, receiver-side state in `recv`:
+`ctx.sample_key` (boundary, direction) and sample id. Sender-side state lives in `send`, receiver-side state in `recv`:
 one process holds only one side of a boundary, while the in-process boundary holds both, which must
 stay bit-identical. With `ctx.training == False` the wrappers compress plainly and touch no state.
 
@@ -83,6 +83,9 @@ class EF(_Wrapper):
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
         return self.inner.decode(payload, ctx)
 
+    def estimate(self, payload: Payload, ctx: Context | None = None) -> Tensor:
+        return self.inner.estimate(payload, ctx)
+
 
 class EF21(_Wrapper):
     """EF21: both sides keep g; the wire carries C(x - g) and both add its decoding to g."""
@@ -104,6 +107,12 @@ class EF21(_Wrapper):
         g = self._state(self.recv, ctx, delta) + delta.to(_acc_dtype(delta.dtype))
         self.recv[ctx.key] = g
         return g.to(payload.dtype)
+
+    def estimate(self, payload: Payload, ctx: Context | None = None) -> Tensor:
+        ctx = ctx or Context()
+        if not ctx.training:
+            return self.inner.estimate(payload, ctx)
+        return self.send[ctx.key].to(payload.dtype)  # the receiver's g equals the sender's after this step
 
 
 class AQSGD(_Wrapper):
@@ -127,7 +136,7 @@ class AQSGD(_Wrapper):
         """(ids, rows with a buffer, rows sent raw) by one side's buffers; a buffer of another
         shape (e.g. a new sequence length) counts as a first visit on both sides alike."""
         ids = self._ids(ctx, shape[0])
-        known = table.get(ctx.key, {})
+        known = table.get(ctx.sample_key, {})
         old = [i for i, s in enumerate(ids) if s in known and tuple(known[s].shape) == tuple(shape[1:])]
         new = [i for i in range(len(ids)) if i not in set(old)]
         return ids, old, new
@@ -136,7 +145,7 @@ class AQSGD(_Wrapper):
         if ctx is None or not ctx.training:
             return self.inner.wire_layout(shape, dtype, ctx)
         # A receiver asks before decoding; a sender (or an in-process pair) before encoding.
-        _, old, new = self._split(ctx, tuple(shape), self.recv if ctx.key in self.recv else self.send)
+        _, old, new = self._split(ctx, tuple(shape), self.recv if ctx.sample_key in self.recv else self.send)
         rest = tuple(shape[1:])
         return [TensorSpec((len(new),) + rest, dtype)] + self.inner.wire_layout((len(old),) + rest, dtype, ctx)
 
@@ -148,7 +157,7 @@ class AQSGD(_Wrapper):
         if not ctx.training:
             return self.inner.encode(x, ctx)
         ids, old, new = self._split(ctx, tuple(x.shape), self.send)
-        buf = self.send.setdefault(ctx.key, {})
+        buf = self.send.setdefault(ctx.sample_key, {})
         base = torch.stack([buf[ids[i]] for i in old]) if old else x.new_zeros((0,) + x.shape[1:])  # (n_old, ...)
         delta = (x[old].to(_acc_dtype(x.dtype)) - base.to(_acc_dtype(x.dtype))).to(x.dtype)  # (n_old, ...)
         inner = self.inner.encode(delta, self._sub(ctx, old))
@@ -159,12 +168,19 @@ class AQSGD(_Wrapper):
         if not ctx.training:
             return self.inner.decode(payload, ctx)
         ids, old, new = self._split(ctx, tuple(payload.shape), self.recv)
-        buf = self.recv.setdefault(ctx.key, {})
+        buf = self.recv.setdefault(ctx.sample_key, {})
         raw, rest = payload.tensors[0], payload.tensors[1:]
         shape = torch.Size((len(old),) + tuple(payload.shape[1:]))
         delta = self.inner.decode(Payload(tuple(rest), shape, payload.dtype), self._sub(ctx, old))
         base = torch.stack([buf[ids[i]] for i in old]) if old else delta
         return self._update(buf, ids, old, new, base, delta, raw)
+
+    def estimate(self, payload: Payload, ctx: Context | None = None) -> Tensor:
+        ctx = ctx or Context()
+        if not ctx.training:
+            return self.inner.estimate(payload, ctx)
+        buf = self.send[ctx.sample_key]  # holds this batch's reconstructions, identical to the receiver's
+        return torch.stack([buf[i] for i in self._ids(ctx, payload.shape[0])])
 
     @staticmethod
     def _update(

@@ -2,8 +2,12 @@
 
 `StageCompression.send(...)` compresses each floating-point tensor of what crosses a boundary into
 one flat uint8 buffer and hands it to `send_fn` (one message per tensor); non-float tensors go as
-they are. `recv(...)` computes the same layout from the uncompressed (shape, dtype) the receiver
-already knows, receives exactly that many bytes and decompresses. No extra metadata travels.
+they are, and first. `recv(...)` computes the same layout from the uncompressed (shape, dtype) the
+receiver already knows, receives exactly that many bytes and decompresses. No extra metadata travels.
+
+Sample ids (for `+aqsgd`) ride in the activation tuple itself: when its last tensor is a 1-D integer
+tensor, it holds one id per row. It arrives before the float tensors, so both sides key their
+per-sample buffers alike; for gradients the engine passes the ids it already holds.
 
 Boundary b lies between stage b and stage b + 1: activations cross it forward, gradients backward.
 """
@@ -31,10 +35,6 @@ class StageCompression:
         for b in cfg.boundaries:
             if b >= num_stages - 1:
                 raise ValueError(f"pp_compress override for boundary {b}, but {num_stages} stages have boundaries 0..{num_stages - 2}")
-        for b in range(num_stages - 1):
-            for d in ("act", "grad"):
-                if cfg.spec_for(b, d).feedback == "aqsgd":
-                    raise ValueError("+aqsgd needs sample ids on every stage; the DeepSpeed engine does not carry them yet")
         self._ops: dict[tuple[int, str, bool], Compressor | None] = {}
         self.stats: dict[str, DirectionStats] = {}
 
@@ -53,48 +53,69 @@ class StageCompression:
             return None
         return self.op(ctx.boundary, ctx.direction, ctx.training)
 
-    def _ctx(self, boundary: int, direction: str, step: int, micro_batch: int, training: bool, i: int) -> Context:
+    def _ctx(self, boundary: int, direction: str, step: int, micro_batch: int, training: bool, i: int,
+             sample_ids: Tensor | None) -> Context:
         return Context(name=f"boundary{boundary}.{direction}", boundary=boundary, direction=direction, step=step,
-                       micro_batch=micro_batch, tensor=i, seed=self.cfg.seed, training=training)
+                       micro_batch=micro_batch, tensor=i, seed=self.cfg.seed, sample_ids=sample_ids, training=training)
 
     def _stats(self, boundary: int, direction: str) -> DirectionStats:
         return self.stats.setdefault(f"b{boundary}.{direction}", DirectionStats())
 
+    def _check_ids(self, op: Compressor, ctx: Context) -> None:
+        if ctx.sample_ids is None and ctx.training and getattr(op, "tag", "") == "aqsgd":
+            raise ValueError(f"{ctx.name}: +aqsgd needs sample ids on every stage: make the tensors that cross the "
+                             "boundary a tuple ending with an integer tensor of shape (micro_batch,) holding "
+                             "the sample ids, e.g. (hidden, sample_ids); see README 'Sample ids'")
+
     def send(self, tensors: list[Tensor], boundary: int, direction: str, step: int, micro_batch: int,
-             training: bool, send_fn: Transfer) -> None:
+             training: bool, send_fn: Transfer, sample_ids: Tensor | None = None) -> None:
+        """Send what crosses one boundary: integer/bool tensors first (as they are), then each float
+        tensor compressed. For activations, the sample ids are found in `tensors` (see `sample_ids_of`)."""
         stats = self._stats(boundary, direction)
-        for i, t in enumerate(tensors):
-            ctx = self._ctx(boundary, direction, step, micro_batch, training, i)
-            op = self._plan(TensorSpec(tuple(t.shape), t.dtype), ctx)
+        specs = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
+        ids = sample_ids if sample_ids is not None else sample_ids_of(tensors)
+        for i in wire_order(specs):
+            t = tensors[i]
+            ctx = self._ctx(boundary, direction, step, micro_batch, training, i, ids)
+            op = self._plan(specs[i], ctx)
             raw = t.numel() * t.element_size()
             if op is None:
                 send_fn(t.contiguous())
                 stats.record(raw, raw)
                 continue
+            self._check_ids(op, ctx)
             t0 = time.perf_counter()
-            buf = to_buffer(op.compress(t.detach(), ctx))
+            payload = op.compress(t.detach(), ctx)
+            buf = to_buffer(payload)
             t1 = time.perf_counter()
             send_fn(buf)
             stats.record(raw, buf.numel(), compress_s=t1 - t0)
+            if self.cfg.error_every and micro_batch == 0 and step % self.cfg.error_every == 0:
+                stats.record_error(t, op.estimate(payload, ctx))
 
     def recv(self, specs: list[TensorSpec], boundary: int, direction: str, step: int, micro_batch: int,
-             training: bool, recv_fn: Transfer, device: torch.device) -> list[Tensor]:
-        out = []
-        for i, spec in enumerate(specs):
-            ctx = self._ctx(boundary, direction, step, micro_batch, training, i)
+             training: bool, recv_fn: Transfer, device: torch.device, sample_ids: Tensor | None = None) -> list[Tensor]:
+        """Receive what `send` sent, in the same order; returns the tensors in `specs` order."""
+        out: list[Tensor | None] = [None] * len(specs)
+        ids = sample_ids
+        for i in wire_order(specs):
+            spec = specs[i]
+            if ids is None and spec.dtype.is_floating_point and len(specs) > 1 and _is_ids(specs[-1]):
+                ids = out[-1]  # integer tensors arrived first, so the sample ids are known
+            ctx = self._ctx(boundary, direction, step, micro_batch, training, i, ids)
             op = self._plan(spec, ctx)
             if op is None:
-                t = torch.empty(spec.shape, dtype=spec.dtype, device=device)
-                recv_fn(t)
-                out.append(t)
+                out[i] = torch.empty(spec.shape, dtype=spec.dtype, device=device)
+                recv_fn(out[i])
                 continue
+            self._check_ids(op, ctx)
             layout = op.wire_layout(spec.shape, spec.dtype, ctx)
             buf = torch.empty(sum(s.nbytes for s in layout), dtype=torch.uint8, device=device)
             recv_fn(buf)
             t0 = time.perf_counter()
-            out.append(op.decompress(from_buffer(buf, layout, torch.Size(spec.shape), spec.dtype), ctx))
+            out[i] = op.decompress(from_buffer(buf, layout, torch.Size(spec.shape), spec.dtype), ctx)
             self._stats(boundary, f"{direction}_recv").decompress_s += time.perf_counter() - t0
-        return out
+        return out  # type: ignore[return-value]
 
     def state_dict(self) -> dict[str, Any]:
         return {"config": str(self.cfg),
@@ -108,3 +129,20 @@ class StageCompression:
             op = self.op(int(b), d, True)
             if op is not None:
                 op.load_state_dict(sub)
+
+
+def wire_order(specs: list[TensorSpec]) -> list[int]:
+    """Integer/bool tensors travel first, so the receiver knows the sample ids before it decodes."""
+    return [i for i, s in enumerate(specs) if not s.dtype.is_floating_point] + \
+           [i for i, s in enumerate(specs) if s.dtype.is_floating_point]
+
+
+def _is_ids(spec: TensorSpec) -> bool:
+    return not spec.dtype.is_floating_point and spec.dtype != torch.bool and len(spec.shape) == 1
+
+
+def sample_ids_of(tensors: list[Tensor]) -> Tensor | None:
+    """The sample ids of a tuple crossing a boundary: its last tensor, when that is a 1-D integer tensor."""
+    if len(tensors) > 1 and _is_ids(TensorSpec(tuple(tensors[-1].shape), tensors[-1].dtype)):
+        return tensors[-1]
+    return None

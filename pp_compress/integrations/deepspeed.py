@@ -30,7 +30,7 @@ from deepspeed.utils import logger
 
 from ..config import CompressionConfig, parse_spec
 from ..ops.base import TensorSpec
-from ..pipe import StageCompression
+from ..pipe import StageCompression, sample_ids_of
 from ..stats import format_table
 
 SECTION = "pp_compress"
@@ -45,7 +45,8 @@ class CompressedPipelineEngine(PipelineEngine):
         if self.is_pipe_partitioned or self.is_grad_partitioned:
             raise NotImplementedError("pp_compress does not support tensor-parallel partitioned pipe activations/grads yet")
         if self.has_attention_mask or self.has_bool_tensors:
-            raise NotImplementedError("pp_compress does not support has_attention_mask/has_bool_tensors pipelines yet")
+            raise NotImplementedError("pp_compress does not support DeepSpeed's has_attention_mask/has_bool_tensors "
+                                      "(bool sent as half) yet; integer tensors in the tuple pass through untouched")
         _check_same_config(cfg)
         self.pp_compress = StageCompression(cfg, self.stage_id, self.num_stages)
         self._pp_mb: dict[str, int] = {}
@@ -92,7 +93,7 @@ class CompressedPipelineEngine(PipelineEngine):
         if any(g is None for g in grads):
             raise RuntimeError(f"stage {self.stage_id}: a floating-point input received no gradient; cannot send it back")
         self.pp_compress.send(grads, self.stage_id - 1, "grad", send_fn=lambda t: p2p.send(t, self.prev_stage),
-                              **self._where("send_grad"))
+                              sample_ids=_ids(inputs), **self._where("send_grad"))
         self.pipe_buffers["inputs"][buffer_id] = None
 
     def _exec_recv_grads(self, buffer_id: int) -> None:
@@ -100,7 +101,7 @@ class CompressedPipelineEngine(PipelineEngine):
         outs = [outputs] if torch.is_tensor(outputs) else [t for t in outputs if t.is_floating_point()]
         grads = self.pp_compress.recv([TensorSpec(tuple(t.shape), t.dtype) for t in outs], self.stage_id, "grad",
                                       device=self.device, recv_fn=lambda t: p2p.recv(t, self.next_stage),
-                                      **self._where("recv_grad"))
+                                      sample_ids=_ids(outputs), **self._where("recv_grad"))
         self.grad_layer = grads[0] if torch.is_tensor(outputs) else grads
 
     _INSTRUCTION_MAP = {
@@ -144,6 +145,10 @@ class CompressedPipelineEngine(PipelineEngine):
                 raise FileNotFoundError(f"{path} is missing: checkpoint was not written by pp_compress (or by another topology)")
             self.pp_compress.load_state_dict(torch.load(path, weights_only=False))
         return load_path, client_state
+
+
+def _ids(tensors: Any) -> Any:
+    return None if torch.is_tensor(tensors) else sample_ids_of(list(tensors))
 
 
 def _check_same_config(cfg: CompressionConfig) -> None:

@@ -92,6 +92,11 @@ class Context:
         """State key of error-feedback buffers: boundary, direction, micro-batch slot (and tensor)."""
         return f"b{self.boundary}.{self.direction}.mb{self.micro_batch}" + (f".t{self.tensor}" if self.tensor else "")
 
+    @property
+    def sample_key(self) -> str:
+        """State key of per-sample buffers (AQ-SGD): a sample may come back in any micro-batch slot."""
+        return f"b{self.boundary}.{self.direction}" + (f".t{self.tensor}" if self.tensor else "")
+
     def generator(self, device: torch.device, salt: str) -> torch.Generator:
         """A fresh generator that sender and receiver derive identically; `salt` names the user."""
         text = f"{self.seed}|{self.boundary}|{self.direction}|{self.step}|{self.micro_batch}|{self.tensor}|{salt}"
@@ -151,6 +156,11 @@ class Compressor(abc.ABC):
         ctx = ctx or Context()
         payload = self.compress(x, ctx)
         return self.decompress(payload, ctx), payload
+
+    def estimate(self, payload: Payload, ctx: Context | None = None) -> Tensor:
+        """What the receiver will reconstruct from `payload`, computed on the sending side right after
+        `compress` without touching any state (for the relative error in the statistics)."""
+        return self.decode(payload, ctx or Context())
 
     def encode(self, x: Tensor, ctx: Context) -> Payload:
         """compress without the input checks (what composed operators call); empty input -> empty payload."""

@@ -19,6 +19,7 @@ ap.add_argument("--rank1-spec", default=None, help="rank 1 uses this spec instea
 ap.add_argument("--bf16", action="store_true")
 ap.add_argument("--hidden", type=int, default=64)
 ap.add_argument("--ckpt", default=None, help="save after steps/2, continue, then resume a fresh engine and compare")
+ap.add_argument("--ids", action="store_true", help="a pool of 16 samples; (x, sample_ids) flows through the stages")
 ap.add_argument("--out", required=True)
 args = ap.parse_args()
 
@@ -45,12 +46,25 @@ rank, world = dist.get_rank(), dist.get_world_size()
 D, H, MBS, GAS = 16, args.hidden, 4, 4
 
 
+class OnHidden(nn.Module):
+    """Applies a layer to the first tensor of (x, sample_ids) and passes the ids along (--ids)."""
+
+    def __init__(self, kind, *a, last=False):
+        super().__init__()
+        self.mod, self.last = (nn.Linear(*a) if kind == "linear" else nn.GELU()), last
+
+    def forward(self, x):
+        if not isinstance(x, tuple):
+            return self.mod(x)
+        return self.mod(x[0]) if self.last else (self.mod(x[0]), x[1])
+
+
 def make_engine():
     torch.manual_seed(0)
-    layers = [LayerSpec(nn.Linear, D, H), LayerSpec(nn.GELU)]
+    layers = [LayerSpec(OnHidden, "linear", D, H), LayerSpec(OnHidden, "gelu")]
     for _ in range(2 * args.stages - 2):
-        layers += [LayerSpec(nn.Linear, H, H), LayerSpec(nn.GELU)]
-    layers += [LayerSpec(nn.Linear, H, D)]
+        layers += [LayerSpec(OnHidden, "linear", H, H), LayerSpec(OnHidden, "gelu")]
+    layers += [LayerSpec(OnHidden, "linear", H, D, last=True)]
     model = PipelineModule(layers=layers, num_stages=args.stages, loss_fn=nn.MSELoss(), partition_method="uniform")
     dp = world // args.stages
     cfg = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": GAS,
@@ -67,12 +81,15 @@ def make_engine():
 def data(seed, skip=0):
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(D, D, generator=torch.Generator().manual_seed(1)) / D**0.5
+    pool = torch.randn(16, D, generator=torch.Generator().manual_seed(2))
     i = 0
     while True:
-        x = torch.randn(MBS, D, generator=g)
+        ids = torch.randperm(16, generator=g)[:MBS]
+        x = pool[ids] if args.ids else torch.randn(MBS, D, generator=g)
         i += 1
         if i > skip:
-            yield (x.bfloat16() if args.bf16 else x), torch.tanh(x @ w) * 2
+            inp = x.bfloat16() if args.bf16 else x
+            yield ((inp, ids) if args.ids else inp), torch.tanh(x @ w) * 2
 
 
 engine = make_engine()

@@ -54,11 +54,23 @@ def test_more_stages_bf16_and_data_parallel(tmp_path, nproc, stages, extra):
     assert seen >= {f"b{b}.{d}" for b in range(stages - 1) for d in ("act", "grad")}
 
 
-def test_checkpoint_resume_with_error_feedback_is_identical(tmp_path):
-    res = run(tmp_path, 4, "--stages", "2", "--steps", "8", "--spec", "act=topk:0.2+ef,grad=randk:0.3+ef21",
-              "--ckpt", str(tmp_path / "ckpt"))
+@pytest.mark.parametrize("spec,extra", [("act=topk:0.2+ef,grad=randk:0.3+ef21", []),
+                                         ("act=int4+aqsgd,grad=topk:0.3+aqsgd", ["--ids"])])
+def test_checkpoint_resume_with_error_feedback_is_identical(tmp_path, spec, extra):
+    res = run(tmp_path, 4, "--stages", "2", "--steps", "8", "--spec", spec, "--ckpt", str(tmp_path / "ckpt"), *extra)
     for r in res.values():
         assert r["continued"] == r["resumed"], r
+        if not extra:  # measured at step 0 (AQ-SGD sends first visits raw: no error there)
+            assert r["stats"]["b0.act" if r["stage"] == 0 else "b0.grad"]["rel_error"] > 0
+
+
+def test_aqsgd_with_sample_ids_in_the_tuple_learns_and_revisits_samples(tmp_path):
+    res = run(tmp_path, 2, "--steps", "16", "--spec", "act=topk:0.2+aqsgd,grad=int8", "--ids", "--hidden", "128")
+    act = res[0]["stats"]["b0.act"]
+    # 16 samples in the pool: after the first visits, only deltas travel (topk:0.2 ~ 2.5x fewer bytes)
+    assert act["ratio"] > 1.8, act
+    losses = res[0]["losses"]
+    assert sum(losses[-3:]) < sum(losses[:3])
 
 
 def test_config_mismatch_stops_every_rank(tmp_path):

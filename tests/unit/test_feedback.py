@@ -22,6 +22,16 @@ def test_ef_residual_is_kept_per_boundary_direction_and_micro_batch():
     assert sorted(op.state_dict()["send"]) == ["b1.grad.mb0", "b1.grad.mb1", "b1.grad.mb2"]
 
 
+@pytest.mark.parametrize("spec", ["topk:0.1+ef", "lowrank:2+ef", "int4+ef", "randk:0.1"])
+def test_estimate_is_what_a_separate_receiver_decodes(spec):
+    sender, receiver = ppc.build(spec), ppc.build(spec)
+    for step in range(5):
+        x = torch.randn(4, 6, 8, generator=torch.Generator().manual_seed(step))
+        ctx = ppc.Context(step=step)
+        p = sender.compress(x, ctx)
+        assert torch.equal(sender.estimate(p, ctx), receiver.decompress(p, ctx))
+
+
 @pytest.mark.parametrize("spec", ["topk:0.1+ef21", "int2:stoch+ef21", "randk:0.1+ef21", "topk:0.2+aqsgd", "int4+aqsgd"])
 def test_sender_and_receiver_state_stay_bit_identical(spec):
     sender, receiver = ppc.build(spec), ppc.build(spec)
@@ -35,7 +45,9 @@ def test_sender_and_receiver_state_stay_bit_identical(spec):
         p = sender.compress(x, ctx)
         assert p.layout == layout
         wire = tuple(t.clone() for t in p.tensors)  # only these bytes travel
+        guess = sender.estimate(p, ctx)  # the sender's view of what arrives (statistics), touches no state
         y = receiver.decompress(ppc.Payload(wire, x.shape, x.dtype), ctx)
+        assert torch.equal(guess, y)
         local = sender.decompress(p, ctx)  # the sender's in-process receiver side
         assert torch.equal(y, local)
     s, r = sender.state_dict(), receiver.state_dict()
