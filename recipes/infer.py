@@ -1,0 +1,143 @@
+"""Generation and perplexity through the (compressed) DeepSpeed pipeline.
+
+    deepspeed --num_gpus 2 recipes/infer.py --checkpoint runs/pretrain --prompt "ROMEO:" --data shakespeare
+    deepspeed --num_gpus 2 recipes/infer.py --checkpoint runs/pretrain --pp-compress "eval=topk:0.1" ...
+
+--checkpoint is a run directory of pretrain.py/finetune.py (DeepSpeed checkpoint in <dir>/ckpt) or a
+LLaMA-family transformers folder. Inference-time compression is the spec's `eval` (else its `act`);
+`--pp-compress none` runs uncompressed. Every pipeline pass has the fixed shape (micro-batch, seq-len):
+prompts are right-padded (attention is causal, so padding never changes earlier positions) and each new
+token is read at its position. Greedy unless --temperature > 0 (seeded). Writes --out as JSON if given.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from recipes import data, train  # noqa: E402
+from recipes.model import GPTConfig, pipeline_module  # noqa: E402
+
+
+def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """(engine, tokenizer, GPTConfig) for a recipe run directory or a transformers folder."""
+    import pp_compress.deepspeed as ppd
+
+    run = args.checkpoint / "run.json"
+    if run.exists():
+        meta = json.loads(run.read_text())["model"]
+        tok_name = meta.pop("tokenizer")
+        meta.pop("base_checkpoint", None)
+        cfg, module = GPTConfig(**meta), None
+        module = pipeline_module(cfg, args.stages)
+    elif (args.checkpoint / "config.json").exists():
+        tok_name, cfg = str(args.checkpoint), GPTConfig.from_hf(args.checkpoint)
+        module = pipeline_module(cfg, args.stages, checkpoint=args.checkpoint)
+    else:
+        raise SystemExit(f"--checkpoint {args.checkpoint}: neither a recipe run (run.json) nor a transformers folder (config.json)")
+    ds_cfg = {"train_micro_batch_size_per_gpu": args.micro_batch, "gradient_accumulation_steps": 1,
+              "train_batch_size": args.micro_batch, "steps_per_print": 10**9, "bf16": {"enabled": bool(args.bf16)}}
+    engine, *_ = ppd.initialize(model=module, config=ds_cfg, compression=args.pp_compress)
+    if run.exists():
+        path, _ = engine.load_checkpoint(str(args.checkpoint / "ckpt"), load_module_only=True,
+                                         load_optimizer_states=False, load_lr_scheduler_states=False)
+        if path is None:
+            raise SystemExit(f"no DeepSpeed checkpoint in {args.checkpoint / 'ckpt'}")
+    return engine, data.load_tokenizer(args.tokenizer or tok_name), cfg
+
+
+def perplexity(engine: Any, val_ds: Any, micro_batch: int, batches: int) -> float:
+    it = data.eval_batches(val_ds, micro_batch)
+    losses = [float(engine.eval_batch(it)) for _ in range(min(batches, len(val_ds) // micro_batch))]
+    return math.exp(sum(losses) / len(losses))
+
+
+def generate(engine: Any, tok: Any, prompts: list[str], args: argparse.Namespace) -> list[str]:
+    """Greedy/temperature sampling, one full pipeline pass per new token (no KV cache: small and clear)."""
+    import torch.distributed as dist
+
+    if len(prompts) > args.micro_batch:
+        raise SystemExit(f"{len(prompts)} prompts but --micro-batch {args.micro_batch}: raise --micro-batch")
+    b, t = args.micro_batch, args.seq_len
+    pad = tok.eos_token_id
+    ids = torch.full((b, t), pad, dtype=torch.long)  # (B, T)
+    lens = []
+    for r in range(b):
+        p = tok(prompts[r % len(prompts)], add_special_tokens=False)["input_ids"][: t - args.max_new_tokens]
+        ids[r, : len(p)] = torch.tensor(p)
+        lens.append(len(p))
+    last = engine.grid.stage_to_global(engine.num_stages - 1)
+    gen = torch.Generator().manual_seed(args.seed)
+    for _ in range(args.max_new_tokens):
+        batch = ((ids, torch.arange(b)), torch.zeros_like(ids))
+        engine.total_loss = None  # DeepSpeed 0.19.8 keeps summing eval losses across eval_batch calls; logits can't add to them
+        _, logits = engine.eval_batch(iter([batch]), return_logits=True, compute_loss=False)
+        nxt = torch.zeros(b, dtype=torch.long)  # (B,)
+        if engine.is_last_stage():
+            rows = logits[torch.arange(b), torch.tensor(lens) - 1].float()  # (B, V)
+            if args.temperature > 0:
+                nxt = torch.multinomial(torch.softmax(rows / args.temperature, -1), 1, generator=gen)[:, 0]
+            else:
+                nxt = rows.argmax(-1)
+        dist.broadcast(nxt, src=last)
+        for r in range(b):
+            if lens[r] < t:
+                ids[r, lens[r]] = nxt[r]
+                lens[r] += 1
+    return [tok.decode(ids[r, : lens[r]].tolist()) for r in range(len(prompts))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", type=Path, required=True)
+    ap.add_argument("--tokenizer", default=None, help="default: the run's / the checkpoint's")
+    ap.add_argument("--prompt", action="append", default=[], help="repeatable")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--data", default=None, help="corpus name or .txt/.jsonl path: report validation perplexity")
+    ap.add_argument("--ppl-batches", type=int, default=16, help="micro-batches of validation text")
+    ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--out", type=Path, default=None, help="write results as JSON")
+    ap.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
+    import pp_compress.deepspeed as ppd
+
+    ppd.add_argparse_args(ap)
+    args = ap.parse_args()
+    train.init_distributed()
+    import torch.distributed as dist
+
+    if dist.get_world_size() != args.stages:
+        raise SystemExit(f"inference runs one pipeline: start --stages ({args.stages}) processes, not {dist.get_world_size()}")
+    engine, tok, cfg = load(args)
+    result: dict[str, Any] = {"checkpoint": str(args.checkpoint), "pp_compress": str(engine.pp_compress.cfg)}
+    if args.data:
+        def val() -> Iterator:
+            if args.data in data.CORPORA:
+                return data.lm_datasets(data.corpus_files(args.data), tok, args.seq_len, 0.02)[1]
+            return data.sft_datasets(Path(args.data), tok, args.seq_len, 0.02)[1]
+        result["val_ppl"] = perplexity(engine, train.rank0_first(val), args.micro_batch, args.ppl_batches)
+    if args.prompt:
+        result["generations"] = generate(engine, tok, args.prompt, args)
+    result["stats"] = engine.pp_compress_stats()
+    if dist.get_rank() == 0:
+        for text in result.get("generations", []):
+            print(f"--- {text}")
+        if "val_ppl" in result:
+            print(f"validation perplexity: {result['val_ppl']:.3f} ({result['pp_compress']})")
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,336 @@
+"""A readable Megatron-style GPT, written as a list of layers so DeepSpeed can cut it into pipeline stages.
+
+    layers = embedding | block x n_layer | head        (pre-norm, RoPE, SwiGLU or GELU, GQA)
+
+What flows between layers (and so between pipeline stages) is `hidden` (B, T, D), or the tuple
+`(hidden, sample_ids)` when the batch carries sample ids (needed by `+aqsgd`): integer tensors ride
+along untouched, only `hidden` is compressed. `pipeline_module(cfg, stages)` builds the
+`deepspeed.pipe.PipelineModule`; `GPT(cfg)` is the same layers run in one process (tests, eval).
+
+`GPTConfig.from_hf(path)` + `checkpoint=path` load a LLaMA-family transformers checkpoint (safetensors)
+into the same layers: every layer reads only its own tensors, so a pipeline stage never loads the rest.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+Flow = Union[Tensor, tuple[Tensor, ...]]  # hidden, or (hidden, sample_ids)
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(n_layer=4, n_head=4, d_model=64),  # CI: ~3.3M params with the GPT-2 vocabulary
+    "small": dict(n_layer=6, n_head=6, d_model=192),  # demo: ~12M (9.6M of them embeddings)
+    "medium": dict(n_layer=8, n_head=8, d_model=384),  # studies: ~33M
+    "gpt2-124m": dict(n_layer=12, n_head=12, d_model=768, mlp="gelu", norm="layernorm", bias=True),  # GPUs
+}
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 50257
+    """Tokenizer vocabulary size (GPT-2: 50257)."""
+    n_layer: int = 4
+    """Number of transformer blocks."""
+    n_head: int = 4
+    """Attention (query) heads; d_model must divide by it."""
+    n_kv_head: int | None = None
+    """Key/value heads for grouped-query attention; None = n_head (plain multi-head)."""
+    d_model: int = 64
+    """Hidden size: the width of what crosses every pipeline boundary."""
+    d_ff: int | None = None
+    """MLP inner size; None = 4*d_model for GELU, 8/3*d_model rounded up to 64 for SwiGLU."""
+    mlp: str = "swiglu"
+    """'swiglu' (LLaMA) or 'gelu' (GPT-2)."""
+    norm: str = "rmsnorm"
+    """'rmsnorm' (LLaMA) or 'layernorm' (GPT-2)."""
+    norm_eps: float = 1e-5
+    """Epsilon of the norms."""
+    rope_theta: float = 10000.0
+    """RoPE base."""
+    bias: bool = False
+    """Biases in linear layers."""
+    tie_embeddings: bool = True
+    """Output head shares the embedding matrix (a tied layer across the first and last stage)."""
+    init_std: float = 0.02
+    """Std of the normal init; residual output projections get init_std / sqrt(2 * n_layer)."""
+
+    def __post_init__(self) -> None:
+        if self.mlp not in ("swiglu", "gelu"):
+            raise ValueError(f"mlp={self.mlp!r}; accepted: 'swiglu', 'gelu'")
+        if self.norm not in ("rmsnorm", "layernorm"):
+            raise ValueError(f"norm={self.norm!r}; accepted: 'rmsnorm', 'layernorm'")
+        if min(self.vocab_size, self.n_layer, self.n_head, self.d_model) < 1 or self.d_model % self.n_head:
+            raise ValueError(f"need positive sizes and d_model % n_head == 0, got d_model={self.d_model}, n_head={self.n_head}")
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"n_head={self.n_head} must be a multiple of n_kv_head={self.n_kv_head}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def ff(self) -> int:
+        if self.d_ff:
+            return self.d_ff
+        return 4 * self.d_model if self.mlp == "gelu" else 64 * math.ceil(8 * self.d_model / 3 / 64)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> GPTConfig:
+        if name not in PRESETS:
+            raise ValueError(f"model preset {name!r}; accepted: {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    @classmethod
+    def from_hf(cls, path: str | Path) -> GPTConfig:
+        """Sizes of a local LLaMA-family transformers checkpoint (config.json)."""
+        hf = json.loads((Path(path) / "config.json").read_text())
+        if hf.get("model_type") not in ("llama", "mistral", "qwen2"):
+            raise ValueError(f"{path}: model_type={hf.get('model_type')!r}; the loader maps LLaMA-family models (llama, mistral, qwen2)")
+        rope = hf.get("rope_parameters") or {"rope_theta": hf.get("rope_theta", 10000.0), "rope_type": "default"}
+        if (hf.get("rope_scaling") or rope).get("rope_type", "default") != "default":
+            raise ValueError(f"{path}: rope scaling {rope} is not supported (plain RoPE only)")
+        if hf.get("mlp_bias"):
+            raise ValueError(f"{path}: mlp_bias=true is not supported")
+        if hf.get("head_dim", hf["hidden_size"] // hf["num_attention_heads"]) != hf["hidden_size"] // hf["num_attention_heads"]:
+            raise ValueError(f"{path}: head_dim={hf['head_dim']} != hidden_size / num_attention_heads is not supported")
+        return cls(vocab_size=hf["vocab_size"], n_layer=hf["num_hidden_layers"], n_head=hf["num_attention_heads"],
+                   n_kv_head=hf.get("num_key_value_heads"), d_model=hf["hidden_size"], d_ff=hf["intermediate_size"],
+                   norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=float(rope["rope_theta"]),
+                   bias=bool(hf.get("attention_bias", False)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- layers -------------------------------------------------------------------------------------
+def _split(x: Flow) -> tuple[Tensor, tuple[Tensor, ...]]:
+    return (x[0], tuple(x[1:])) if isinstance(x, tuple) else (x, ())
+
+
+def _join(h: Tensor, rest: tuple[Tensor, ...]) -> Flow:
+    return (h, *rest) if rest else h
+
+
+def _norm(cfg: GPTConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def _rope(cfg: GPTConfig, t: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    inv = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=device, dtype=torch.float32) / cfg.head_dim)
+    freqs = torch.outer(torch.arange(t, device=device, dtype=torch.float32), inv)  # (T, hd/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (T, hd), the LLaMA/HF "rotate half" layout
+    return emb.cos(), emb.sin()
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)  # (B, H, T, hd/2) each
+    return (x.float() * cos + torch.cat([-x2, x1], dim=-1).float() * sin).to(x.dtype)  # (B, H, T, hd)
+
+
+class _Loadable(nn.Module):
+    """A layer that can fill itself from a transformers checkpoint: {our name: checkpoint name}."""
+
+    def hf_names(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def load_hf(self, checkpoint: str | Path) -> None:
+        from safetensors import safe_open
+
+        files = sorted(Path(checkpoint).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{checkpoint}: no *.safetensors files (convert the checkpoint with recipes/convert.py)")
+        want = self.hf_names()
+        found: dict[str, Tensor] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as st:
+                for ours, theirs in want.items():
+                    if theirs in st.keys():
+                        found[ours] = st.get_tensor(theirs)
+        missing = sorted(set(want) - set(found))
+        if missing:
+            raise KeyError(f"{checkpoint}: tensors {[want[m] for m in missing]} not found")
+        with torch.no_grad():
+            params = dict(self.named_parameters())
+            for ours, t in found.items():
+                if params[ours].shape != t.shape:
+                    raise ValueError(f"{want[ours]}: checkpoint shape {tuple(t.shape)}, layer expects {tuple(params[ours].shape)}")
+                params[ours].copy_(t)
+
+
+class Embedding(_Loadable):
+    """Token ids (B, T) [+ sample ids (B,)] -> hidden (B, T, D) [+ sample ids]; also the tied output head."""
+
+    def __init__(self, cfg: GPTConfig, checkpoint: str | Path | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.weight = nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
+        nn.init.normal_(self.weight, std=cfg.init_std)
+        if checkpoint is not None:
+            self.load_hf(checkpoint)
+
+    def hf_names(self) -> dict[str, str]:
+        return {"weight": "model.embed_tokens.weight"}
+
+    def forward(self, x: Flow) -> Flow:
+        ids, rest = _split(x)
+        return _join(F.embedding(ids, self.weight), rest)  # (B, T, D)
+
+    def logits(self, h: Tensor) -> Tensor:
+        return F.linear(h, self.weight)  # (B, T, V)
+
+
+class Block(_Loadable):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: GPTConfig, index: int = 0, checkpoint: str | Path | None = None) -> None:
+        super().__init__()
+        self.cfg, self.index = cfg, index
+        d, hd, kv = cfg.d_model, cfg.head_dim, cfg.kv_heads
+        self.attn_norm, self.mlp_norm = _norm(cfg), _norm(cfg)
+        self.q = nn.Linear(d, cfg.n_head * hd, bias=cfg.bias)
+        self.k = nn.Linear(d, kv * hd, bias=cfg.bias)
+        self.v = nn.Linear(d, kv * hd, bias=cfg.bias)
+        self.o = nn.Linear(cfg.n_head * hd, d, bias=cfg.bias)
+        mlp_bias = cfg.bias and cfg.mlp == "gelu"  # GPT-2 has MLP biases, LLaMA (attention_bias) does not
+        if cfg.mlp == "swiglu":
+            self.gate = nn.Linear(d, cfg.ff, bias=False)
+        self.up = nn.Linear(d, cfg.ff, bias=mlp_bias)
+        self.down = nn.Linear(cfg.ff, d, bias=mlp_bias)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = cfg.init_std / math.sqrt(2 * cfg.n_layer) if name.split(".")[0] in ("o", "down") else cfg.init_std
+                nn.init.normal_(p, std=std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        if checkpoint is not None:
+            self.load_hf(checkpoint)
+
+    def hf_names(self) -> dict[str, str]:
+        p = f"model.layers.{self.index}."
+        names = {"attn_norm.weight": p + "input_layernorm.weight", "mlp_norm.weight": p + "post_attention_layernorm.weight",
+                 "q.weight": p + "self_attn.q_proj.weight", "k.weight": p + "self_attn.k_proj.weight",
+                 "v.weight": p + "self_attn.v_proj.weight", "o.weight": p + "self_attn.o_proj.weight",
+                 "gate.weight": p + "mlp.gate_proj.weight", "up.weight": p + "mlp.up_proj.weight",
+                 "down.weight": p + "mlp.down_proj.weight"}
+        if self.cfg.bias:
+            names.update({f"{n}.bias": p + f"self_attn.{n}_proj.bias" for n in "qkvo"})
+        return names
+
+    def attention(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        cfg = self.cfg
+        q = self.q(x).view(b, t, cfg.n_head, cfg.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k = self.k(x).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)  # (B, KV, T, hd)
+        v = self.v(x).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)  # (B, KV, T, hd)
+        cos, sin = _rope(cfg, t, x.device)  # (T, hd)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=cfg.kv_heads != cfg.n_head)  # (B, H, T, hd)
+        return self.o(y.transpose(1, 2).reshape(b, t, cfg.n_head * cfg.head_dim))  # (B, T, D)
+
+    def mlp(self, x: Tensor) -> Tensor:
+        if self.cfg.mlp == "swiglu":
+            return self.down(F.silu(self.gate(x)) * self.up(x))  # (B, T, D)
+        return self.down(F.gelu(self.up(x), approximate="tanh"))  # (B, T, D)
+
+    def forward(self, x: Flow) -> Flow:
+        h, rest = _split(x)
+        h = h + self.attention(self.attn_norm(h))  # (B, T, D)
+        h = h + self.mlp(self.mlp_norm(h))  # (B, T, D)
+        return _join(h, rest)
+
+
+class Head(_Loadable):
+    """Final norm + output projection (untied), dropping the sample ids: hidden -> logits (B, T, V)."""
+
+    def __init__(self, cfg: GPTConfig, checkpoint: str | Path | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.norm = _norm(cfg)
+        self.out = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if self.out is not None:
+            nn.init.normal_(self.out.weight, std=cfg.init_std)
+        if checkpoint is not None:
+            self.load_hf(checkpoint)
+
+    def hf_names(self) -> dict[str, str]:
+        return {"norm.weight": "model.norm.weight", **({} if self.out is None else {"out.weight": "lm_head.weight"})}
+
+    def forward(self, x: Flow) -> Tensor:
+        h, _ = _split(x)
+        h = self.norm(h)
+        return h if self.out is None else self.out(h)  # (B, T, D) when tied (the embedding projects), else (B, T, V)
+
+
+def _tied_logits(embedding: Embedding, h: Tensor) -> Tensor:
+    return embedding.logits(h)
+
+
+def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean next-token cross entropy over labels != -100 (labels are already shifted)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+
+# --- whole models ---------------------------------------------------------------------------------
+def layers(cfg: GPTConfig, checkpoint: str | Path | None = None) -> list[nn.Module]:
+    """The layer list in one process; with tied embeddings the last entry reuses the first."""
+    emb = Embedding(cfg, checkpoint)
+    out: list[nn.Module] = [emb, *(Block(cfg, i, checkpoint) for i in range(cfg.n_layer)), Head(cfg, checkpoint)]
+    if cfg.tie_embeddings:
+        out.append(_TiedProjection(emb))
+    return out
+
+
+class _TiedProjection(nn.Module):
+    def __init__(self, emb: Embedding) -> None:
+        super().__init__()
+        self.emb = [emb]  # a list: not registered twice as a submodule
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.emb[0].logits(h)
+
+
+class GPT(nn.Module):
+    """The pipeline's layers run in sequence in one process; `boundaries` puts modules between blocks
+    (e.g. pp_compress.CompressionBoundary for in-process compression at the pipeline's cut points)."""
+
+    def __init__(self, cfg: GPTConfig, checkpoint: str | Path | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(layers(cfg, checkpoint))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        x: Flow = ids  # (B, T)
+        for layer in self.layers:
+            x = layer(x)
+        return x  # (B, T, V)
+
+
+def pipeline_module(cfg: GPTConfig, num_stages: int, checkpoint: str | Path | None = None,
+                    partition_method: str = "type:Block", activation_checkpoint_interval: int = 0) -> Any:
+    """The same layers as a deepspeed.pipe.PipelineModule; each stage builds (and loads) only its own."""
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+    blocks = [LayerSpec(Block, cfg, i, checkpoint) for i in range(cfg.n_layer)]
+    if cfg.tie_embeddings:
+        specs = [TiedLayerSpec("embed", Embedding, cfg, checkpoint), *blocks, LayerSpec(Head, cfg, checkpoint),
+                 TiedLayerSpec("embed", Embedding, cfg, checkpoint, forward_fn=_tied_logits)]
+    else:
+        specs = [LayerSpec(Embedding, cfg, checkpoint), *blocks, LayerSpec(Head, cfg, checkpoint)]
+    return PipelineModule(layers=specs, num_stages=num_stages, loss_fn=lm_loss, partition_method=partition_method,
+                          activation_checkpoint_interval=activation_checkpoint_interval)
+
+
+def with_overrides(cfg: GPTConfig, **kw: Any) -> GPTConfig:
+    return replace(cfg, **{k: v for k, v in kw.items() if v is not None})

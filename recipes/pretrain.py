@@ -1,0 +1,38 @@
+"""Pretrain a Megatron-style GPT from scratch over a compressed DeepSpeed pipeline, offline.
+
+    deepspeed --num_gpus 2 recipes/pretrain.py --pp-compress topk:0.1 --out runs/pretrain
+    torchrun --nproc_per_node 4 recipes/pretrain.py --stages 4 --pp-compress "act=int8,grad=topk:0.3+ef" --out runs/p4
+
+On a CPU machine `--num_gpus N` starts N processes (gloo). Text: a public-domain corpus fetched once
+from a package registry (recipes/data.py); GPT-2 tokenizer from a package. See recipes/train.py for
+the logs and checkpoints, and --help for every option.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from recipes import data, train  # noqa: E402
+from recipes.model import PRESETS, GPTConfig, pipeline_module  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="small", choices=list(PRESETS), help="model size preset")
+    ap.add_argument("--corpus", default="shakespeare", choices=list(data.CORPORA))
+    ap.add_argument("--val-fraction", type=float, default=0.02)
+    train.add_args(ap, steps=300, lr=1e-3)
+    args = ap.parse_args()
+    train.init_distributed()
+    tok = data.load_tokenizer("gpt2")
+    cfg = GPTConfig.preset(args.model, vocab_size=len(tok))
+    train_ds, val_ds = train.rank0_first(lambda: data.lm_datasets(data.corpus_files(args.corpus), tok, args.seq_len,
+                                                                   args.val_fraction))
+    module = pipeline_module(cfg, args.stages)
+    train.train(args, module, {**cfg.to_dict(), "tokenizer": "gpt2"}, train_ds, val_ds, data.batches, data.eval_batches)
+
+
+if __name__ == "__main__":
+    main()

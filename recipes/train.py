@@ -1,0 +1,244 @@
+"""The training loop pretrain.py and finetune.py share: DeepSpeed pipeline + pp_compress, logs, checkpoints.
+
+Every rank runs this. Rank 0 shows the progress bar and writes <out>/metrics.jsonl (one JSON object per
+log step or evaluation: loss, lr, tokens/s, step time, wire bytes per step by direction, ratio, relative
+error) and <out>/metrics.csv (the same train rows, for spreadsheets); TensorBoard too if installed.
+Checkpoints (DeepSpeed format + compression state) go to <out>/ckpt every --save-every steps and at the
+end; --resume continues from the latest one with the same data order.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "deepspeed_configs"
+
+
+def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.ArgumentParser:
+    import deepspeed
+
+    import pp_compress.deepspeed as ppd
+
+    ap.add_argument("--stages", type=int, default=2, help="pipeline stages (world size / stages = data-parallel replicas)")
+    ap.add_argument("--steps", type=int, default=steps, help="optimizer steps")
+    ap.add_argument("--micro-batch", type=int, default=4, help="sequences per micro-batch")
+    ap.add_argument("--grad-accum", type=int, default=4, help="micro-batches per step and replica")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=lr)
+    ap.add_argument("--warmup", type=int, default=None, help="LR warm-up steps (default 5%% of --steps)")
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bf16", action="store_true", help="bf16 weights/activations (what crosses the wire too)")
+    ap.add_argument("--out", type=Path, required=True, help="run directory: metrics, checkpoints, summary")
+    ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--eval-every", type=int, default=100, help="0 = only at the end")
+    ap.add_argument("--eval-batches", type=int, default=8, help="pipeline batches per evaluation")
+    ap.add_argument("--save-every", type=int, default=0, help="checkpoint period in steps (0 = only at the end)")
+    ap.add_argument("--resume", action="store_true", help="continue from <out>/ckpt")
+    ap.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
+    ppd.add_argparse_args(ap)
+    deepspeed.add_config_arguments(ap)
+    return ap
+
+
+def init_distributed() -> None:
+    """gloo on CPU, NCCL on GPUs; on CPU skip DeepSpeed's shared-memory op build (30-70 s, unused by p2p)."""
+    import deepspeed
+
+    warnings.filterwarnings("ignore", message=r"c10d::broadcast_: an autograd kernel")  # DeepSpeed's tied-weight sync
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    cpu = not torch.cuda.is_available()
+    if cpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
+    if not cpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def rank0_first(fn: Any, *a: Any, **kw: Any) -> Any:
+    """Run fn on rank 0 first (it fetches/tokenizes into the cache), then on the others (they hit the cache)."""
+    import torch.distributed as dist
+
+    if dist.get_rank() != 0:
+        dist.barrier()
+    out = fn(*a, **kw)
+    if dist.get_rank() == 0:
+        dist.barrier()
+    return out
+
+
+def ds_config(args: argparse.Namespace, dp: int) -> dict[str, Any]:
+    """The JSON config (--deepspeed_config, else the ready one for this machine) with the CLI's sizes."""
+    path = args.deepspeed_config or CONFIGS / ("gpu_nccl.json" if torch.cuda.is_available() else "cpu_gloo.json")
+    cfg = json.loads(Path(path).read_text())
+    warmup = args.warmup if args.warmup is not None else max(1, args.steps // 20)
+    cfg.update(train_micro_batch_size_per_gpu=args.micro_batch, gradient_accumulation_steps=args.grad_accum,
+               train_batch_size=args.micro_batch * args.grad_accum * dp,
+               steps_per_print=10**9)  # the progress bar and metrics.jsonl report instead
+    cfg["bf16"] = {"enabled": bool(args.bf16)}
+    cfg["optimizer"] = {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": args.weight_decay,
+                                                    "betas": [0.9, 0.95], "torch_adam": True}}
+    cfg["scheduler"] = {"type": "WarmupCosineLR", "params": {"total_num_steps": args.steps, "warmup_num_steps": warmup,
+                                                             "warmup_min_ratio": 0.0, "cos_min_ratio": 0.1}}
+    cfg.setdefault("gradient_clipping", 1.0)
+    return cfg
+
+
+class Logger:
+    """JSONL + CSV (+ TensorBoard) on rank 0; appends on resume, flushes every line (nothing lost on a crash)."""
+
+    FIELDS = ["step", "tokens", "loss", "lr", "tokens_per_s", "step_s", "act_wire_bytes", "grad_wire_bytes",
+              "act_raw_bytes", "grad_raw_bytes", "act_ratio", "grad_ratio", "act_rel_error", "grad_rel_error"]
+
+    def __init__(self, out: Path, active: bool) -> None:
+        self.active = active
+        if not active:
+            return
+        self.jsonl = open(out / "metrics.jsonl", "a")
+        new = not (out / "metrics.csv").exists()
+        self.csv_file = open(out / "metrics.csv", "a", newline="")
+        self.csv = csv.DictWriter(self.csv_file, self.FIELDS, extrasaction="ignore")
+        if new:
+            self.csv.writeheader()
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+            self.tb = SummaryWriter(str(out / "tb"))
+        except ImportError:
+            self.tb = None
+
+    def write(self, row: dict[str, Any]) -> None:
+        if not self.active:
+            return
+        self.jsonl.write(json.dumps(row) + "\n")
+        self.jsonl.flush()
+        if row.get("kind") == "train":
+            self.csv.writerow(row)
+            self.csv_file.flush()
+        if self.tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.tb.add_scalar(f"{row['kind']}/{k}", v, row["step"])
+
+
+def wire_totals(engine: Any) -> dict[str, float]:
+    """Sum of every stage's sent bytes (both directions) and error terms, over all ranks of replica 0."""
+    import torch.distributed as dist
+
+    rows = {d: [0.0, 0.0, 0.0, 0.0] for d in ("act", "grad")}  # raw, wire, err_sq, ref_sq
+    if engine.grid.data_parallel_id == 0:
+        for key, s in engine.pp_compress.stats.items():
+            d = key.split(".")[1]
+            if d in rows:
+                rows[d] = [a + b for a, b in zip(rows[d], (s.raw_bytes, s.wire_bytes, s.err_sq, s.ref_sq))]
+    t = torch.tensor([v for d in ("act", "grad") for v in rows[d]], dtype=torch.float64)
+    dist.all_reduce(t)
+    out = {}
+    for i, d in enumerate(("act", "grad")):
+        raw, wire, err, ref = t[4 * i: 4 * i + 4].tolist()
+        out.update({f"{d}_raw_bytes": raw, f"{d}_wire_bytes": wire, f"{d}_err_sq": err, f"{d}_ref_sq": ref})
+    return out
+
+
+def evaluate(engine: Any, make_iter: Any, batches: int) -> float:
+    """Mean loss of the first `batches` pipeline batches of the validation set (the same ones every time)."""
+    def repeat() -> Iterator:
+        while True:
+            n = 0
+            for n, b in enumerate(make_iter(), 1):
+                yield b
+            if n == 0:
+                raise SystemExit("the validation set holds less than one micro-batch: raise --val-fraction or lower --micro-batch")
+    it = repeat()
+    return sum(float(engine.eval_batch(it)) for _ in range(batches)) / batches
+
+
+def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], train_ds: Any, val_ds: Any,
+          batches_fn: Any, eval_batches_fn: Any) -> dict[str, Any]:
+    """Run the loop; returns the summary (also written to <out>/summary.json)."""
+    import torch.distributed as dist
+
+    import pp_compress.deepspeed as ppd
+    from pp_compress.stats import format_table
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world % args.stages:
+        raise SystemExit(f"world size {world} is not a multiple of --stages {args.stages}")
+    dp = world // args.stages
+    args.out.mkdir(parents=True, exist_ok=True)
+    engine, *_ = ppd.initialize(model=module, config=ds_config(args, dp), compression=args.pp_compress,
+                                model_parameters=[p for p in module.parameters() if p.requires_grad])
+    ckpt = args.out / "ckpt"
+    if args.resume:
+        path, _ = engine.load_checkpoint(str(ckpt))
+        if path is None:
+            raise SystemExit(f"--resume: no checkpoint in {ckpt}")
+    start = engine.global_steps
+    dp_id = engine.grid.data_parallel_id
+    shard = train_ds.shard(num_shards=dp, index=dp_id, contiguous=True) if dp > 1 else train_ds
+    per_step = args.grad_accum
+    train_iter = batches_fn(shard, args.micro_batch, args.seed, skip=start * per_step)
+    tokens_per_step = args.micro_batch * args.grad_accum * dp * args.seq_len
+    main = rank == 0
+    log = Logger(args.out, main)
+    if main and start == 0:
+        (args.out / "run.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                       "model": model_cfg, "pp_compress": str(engine.pp_compress.cfg),
+                                                       "world": world, "stages": args.stages}, indent=1))
+    bar = tqdm(total=args.steps, initial=start, disable=not main, dynamic_ncols=True, unit="step")
+    last = {"t": time.perf_counter(), "step": start, **wire_totals(engine)}
+    losses: list[float] = []
+    val_loss = math.nan
+    for step in range(start + 1, args.steps + 1):
+        losses.append(float(engine.train_batch(train_iter)))
+        bar.update(1)
+        if step % args.log_every == 0 or step == args.steps:
+            now, totals = time.perf_counter(), wire_totals(engine)
+            n = step - last["step"]
+            row: dict[str, Any] = {"kind": "train", "step": step, "tokens": step * tokens_per_step,
+                                   "loss": sum(losses) / len(losses), "lr": engine.get_lr()[0],
+                                   "step_s": (now - last["t"]) / n, "tokens_per_s": n * tokens_per_step / (now - last["t"])}
+            for d in ("act", "grad"):
+                raw, wire = (totals[f"{d}_{k}_bytes"] - last[f"{d}_{k}_bytes"] for k in ("raw", "wire"))
+                err, ref = (totals[f"{d}_{k}"] - last[f"{d}_{k}"] for k in ("err_sq", "ref_sq"))
+                row.update({f"{d}_raw_bytes": raw / n, f"{d}_wire_bytes": wire / n, f"{d}_ratio": raw / wire if wire else 1.0,
+                            f"{d}_rel_error": (err / ref) ** 0.5 if ref else None})  # None: not measured (error_every)
+            log.write(row)
+            bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}",
+                            wire=f"{row['act_ratio']:.1f}x/{row['grad_ratio']:.1f}x")
+            last, losses = {"t": time.perf_counter(), "step": step, **totals}, []
+        if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
+            val_loss = evaluate(engine, lambda: eval_batches_fn(val_ds, args.micro_batch), args.eval_batches)
+            log.write({"kind": "eval", "step": step, "tokens": step * tokens_per_step, "val_loss": val_loss,
+                       "val_ppl": math.exp(min(val_loss, 50))})
+            bar.write(f"step {step}: val loss {val_loss:.4f}") if main else None
+            last["t"] = time.perf_counter()  # evaluation time is not training time
+        if (args.save_every and step % args.save_every == 0) or step == args.steps:
+            engine.save_checkpoint(str(ckpt), client_state={"model": model_cfg})
+            last["t"] = time.perf_counter()
+    bar.close()
+    every = [None] * world
+    dist.all_gather_object(every, {k: v for k, v in engine.pp_compress.stats.items() if v.calls} if dp_id == 0 else {})
+    stats = {k: v for d in every for k, v in d.items()}
+    summary = {"final_val_loss": val_loss, "steps": args.steps, "pp_compress": str(engine.pp_compress.cfg),
+               "stats": {k: v.as_dict() for k, v in stats.items()}}
+    if main:
+        print(f"pp_compress {engine.pp_compress.cfg}, all boundaries of replica 0, since this process started:\n"
+              f"{format_table(dict(sorted(stats.items())))}", file=sys.stderr)
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        print(f"done: final val loss {val_loss:.4f}; metrics in {args.out / 'metrics.jsonl'}", file=sys.stderr)
+    return summary

@@ -1,0 +1,85 @@
+"""The three recipes as users run them: multi-process CPU pipelines, tiny models, the committed fixture text."""
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deepspeed")
+from tests.integration.launch import ROOT, run_job  # noqa: E402
+
+TINY = ["--corpus", "fixture", "--model", "tiny", "--seq-len", "32", "--micro-batch", "2", "--grad-accum", "2",
+        "--eval-batches", "2", "--log-every", "1"]
+
+
+def rows(out: Path, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+def ok(rc: int, log: str) -> None:
+    assert rc == 0, log[-5000:]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> Path:
+    """The product card's command line on 2 CPU processes: 4 steps, checkpoints at 2 and 4."""
+    out = tmp_path_factory.mktemp("pretrain")
+    ok(*run_job(ROOT / "recipes/pretrain.py", 2, *TINY, "--steps", "4", "--save-every", "2", "--eval-every", "2",
+                "--pp-compress", "act=int8,grad=topk:0.3+ef", "--out", str(out), launcher="deepspeed"))
+    return out
+
+
+def test_pretrain_logs_learning_and_wire_bytes(pretrained):
+    train = rows(pretrained, "train")
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+    assert train[-1]["loss"] < train[0]["loss"]
+    # one micro-batch: 2 x 32 x 64 fp32 activations (+ 2 int64 sample ids); 2 micro-batches per step
+    act_raw = 2 * (2 * 32 * 64 * 4 + 2 * 8)
+    assert all(r["act_raw_bytes"] == act_raw and r["grad_raw_bytes"] == 2 * 2 * 32 * 64 * 4 for r in train)
+    assert all(3.5 < r["act_ratio"] < 4 and 2.5 < r["grad_ratio"] < 3.5 for r in train)
+    assert train[0]["act_rel_error"] > 0 and train[1]["act_rel_error"] is None  # measured on step 0 only
+    assert (pretrained / "metrics.csv").read_text().count("\n") == 5
+    summary = json.loads((pretrained / "summary.json").read_text())
+    assert summary["final_val_loss"] == rows(pretrained, "eval")[-1]["val_loss"]
+    assert {"b0.act", "b0.grad", "b0.act_eval"} <= set(summary["stats"])
+
+
+def test_resume_continues_exactly(pretrained, tmp_path):
+    out = tmp_path / "resumed"
+    shutil.copytree(pretrained, out, ignore=shutil.ignore_patterns("global_step4", "metrics.*"))
+    (out / "ckpt" / "latest").write_text("global_step2")
+    ok(*run_job(ROOT / "recipes/pretrain.py", 2, *TINY, "--steps", "4", "--eval-every", "2",
+                "--pp-compress", "act=int8,grad=topk:0.3+ef", "--out", str(out), "--resume"))
+    assert [r["step"] for r in rows(out, "train")] == [3, 4]
+    assert rows(out, "train") [-1]["loss"] == rows(pretrained, "train")[-1]["loss"]
+    assert rows(out, "eval")[-1]["val_loss"] == rows(pretrained, "eval")[-1]["val_loss"]
+
+
+def test_infer_generates_and_reproduces_the_validation_loss(pretrained, tmp_path):
+    res = tmp_path / "infer.json"
+    ok(*run_job(ROOT / "recipes/infer.py", 2, "--checkpoint", str(pretrained), "--prompt", "My lord,", "--prompt", "O",
+                "--max-new-tokens", "3", "--data", "fixture", "--ppl-batches", "4", "--seq-len", "32",
+                "--micro-batch", "2", "--pp-compress", "none", "--out", str(res)))
+    out = json.loads(res.read_text())
+    assert out["generations"][0].startswith("My lord,") and len(out["generations"]) == 2
+    # pretraining's last evaluation: 2 pipeline batches x 2 micro-batches = the same 4 micro-batches
+    assert math.isclose(math.log(out["val_ppl"]), rows(pretrained, "eval")[-1]["val_loss"], rel_tol=1e-5)
+
+
+def test_finetune_loads_a_llama_checkpoint_per_stage(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    ckpt = tmp_path / "llama"
+    cfg = transformers.LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(ckpt)
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text("".join(json.dumps({"prompt": f"Say {w}.", "response": f"{w} {w} {w}."}) + "\n"
+                           for w in ["yes", "no", "maybe", "soon", "later", "never", "always", "now"] * 4))
+    out = tmp_path / "ft"
+    ok(*run_job(ROOT / "recipes/finetune.py", 2, "--checkpoint", str(ckpt), "--tokenizer", "gpt2", "--data", str(sft),
+                "--seq-len", "16", "--micro-batch", "2", "--grad-accum", "2", "--steps", "3", "--log-every", "1",
+                "--eval-batches", "1", "--lr", "1e-3", "--val-fraction", "0.2", "--pp-compress", "act=topk:0.5+aqsgd,grad=int8", "--out", str(out)))
+    train = rows(out, "train")
+    assert len(train) == 3 and all(math.isfinite(r["loss"]) for r in train)
+    assert json.loads((out / "run.json").read_text())["model"]["base_checkpoint"] == str(ckpt)
