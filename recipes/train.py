@@ -14,6 +14,7 @@ import importlib
 import json
 import math
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -48,6 +49,7 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
     ap.add_argument("--eval-batches", type=int, default=8, help="pipeline batches per evaluation")
     ap.add_argument("--save-every", type=int, default=0, help="checkpoint period in steps (0 = only at the end)")
     ap.add_argument("--resume", action="store_true", help="continue from <out>/ckpt")
+    ap.add_argument("--overwrite", action="store_true", help="discard an earlier run's metrics and checkpoints in --out")
     ap.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
     ppd.add_argparse_args(ap)
     deepspeed.add_config_arguments(ap)
@@ -179,6 +181,16 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
     if world % args.stages:
         raise SystemExit(f"world size {world} is not a multiple of --stages {args.stages}")
     dp = world // args.stages
+    old = [p for p in (args.out / "metrics.jsonl", args.out / "ckpt") if p.exists()]
+    if old and not args.resume:
+        if not args.overwrite:
+            raise SystemExit(f"{args.out} holds an earlier run ({', '.join(p.name for p in old)}): "
+                             "pass --resume to continue it, --overwrite to discard it, or another --out")
+        dist.barrier()
+        if rank == 0:
+            for p in old + [args.out / "metrics.csv", args.out / "summary.json", args.out / "run.json"]:
+                shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+        dist.barrier()
     args.out.mkdir(parents=True, exist_ok=True)
     engine, *_ = ppd.initialize(model=module, config=ds_config(args, dp), compression=args.pp_compress,
                                 model_parameters=[p for p in module.parameters() if p.requires_grad])

@@ -18,10 +18,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", timeout: int = 240) -> tuple[int, str]:
+def run_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", timeout: int = 240,
+            env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run `script` on nproc CPU processes (gloo); returns (exit code, combined log). Hangs become failures."""
     tag = uuid.uuid4().hex  # launchers start ranks in sessions of their own: find them by this mark
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PP_COMPRESS_TEST_JOB": tag}
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+           "PP_COMPRESS_TEST_JOB": tag, **(env or {})}
     port = f"--master_port={free_port()}"
     if launcher == "deepspeed":  # the product card's launcher: `deepspeed --num_gpus N script.py ...`
         cmd = [str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", str(nproc), port, str(script), *args]

@@ -9,8 +9,17 @@ import pytest
 pytest.importorskip("deepspeed")
 from tests.integration.launch import ROOT, run_job  # noqa: E402
 
-TINY = ["--corpus", "fixture", "--model", "tiny", "--seq-len", "32", "--micro-batch", "2", "--grad-accum", "2",
+TINY = ["--corpus", "fixture", "--model", "tiny", "--tokenizer", "bpe512", "--seq-len", "32", "--micro-batch", "2", "--grad-accum", "2",
         "--eval-batches", "2", "--log-every", "1"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_cache(tmp_path_factory):
+    """Tokenizers and datasets caches of these runs go to a temporary directory, not the project's .cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PP_COMPRESS_CACHE", str(tmp_path_factory.mktemp("cache")))
+        mp.delenv("HF_HOME", raising=False)
+        yield
 
 
 def rows(out: Path, kind: str) -> list[dict]:
@@ -18,7 +27,8 @@ def rows(out: Path, kind: str) -> list[dict]:
 
 
 def ok(rc: int, log: str) -> None:
-    assert rc == 0, log[-5000:]
+    errors = [line for line in log.splitlines() if "Error" in line or "error:" in line or "abort" in line.lower()]
+    assert rc == 0, "\n".join(errors[:40]) + "\n...\n" + log[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +89,7 @@ def test_finetune_loads_a_llama_checkpoint_per_stage(tmp_path):
     out = tmp_path / "ft"
     ok(*run_job(ROOT / "recipes/finetune.py", 2, "--checkpoint", str(ckpt), "--tokenizer", "gpt2", "--data", str(sft),
                 "--seq-len", "16", "--micro-batch", "2", "--grad-accum", "2", "--steps", "3", "--log-every", "1",
-                "--eval-batches", "1", "--lr", "1e-3", "--val-fraction", "0.2", "--pp-compress", "act=topk:0.5+aqsgd,grad=int8", "--out", str(out)))
+                "--eval-batches", "1", "--lr", "1e-3", "--val-fraction", "0.2", "--bf16", "--pp-compress", "act=topk:0.5+aqsgd,grad=int8", "--out", str(out)))
     train = rows(out, "train")
     assert len(train) == 3 and all(math.isfinite(r["loss"]) for r in train)
     assert json.loads((out / "run.json").read_text())["model"]["base_checkpoint"] == str(ckpt)
