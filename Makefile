@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	# torch first, pinned, so that nothing pulls a CUDA build on CPU machines
 	$(VPY) -m pip install -q $(TORCH)
 	echo "$(TORCH)" > $(VENV)/constraints.txt
-	$(VPY) -m pip install -q -c $(VENV)/constraints.txt -e ".[dev,recipes]"
+	$(VPY) -m pip install -q -c $(VENV)/constraints.txt -e ".[dev,recipes,eval]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -261,6 +261,13 @@ def train_bpe(name: str, files: list[Path], vocab_size: int) -> Any:
     return AutoTokenizer.from_pretrained(str(out))
 
 
+def run_tokenizer(run_dir: Path, name: str) -> Any:
+    """The tokenizer a run recorded in run.json: a folder inside the run (pretraining saves its own
+    there, so runs can be moved), 'gpt2', or another local folder."""
+    inside = Path(run_dir) / name
+    return load_tokenizer(str(inside) if inside.is_dir() else name)
+
+
 def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     """Token ids of each text, without special tokens (no BOS); no warning about texts longer than the model."""
     backend = getattr(tokenizer, "backend_tokenizer", None)

@@ -49,7 +49,8 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
                                          load_optimizer_states=False, load_lr_scheduler_states=False)
         if path is None:
             raise SystemExit(f"no DeepSpeed checkpoint in {args.checkpoint / 'ckpt'}")
-    return engine, data.load_tokenizer(args.tokenizer or tok_name), cfg
+    tok = data.load_tokenizer(args.tokenizer) if args.tokenizer else data.run_tokenizer(args.checkpoint, tok_name)
+    return engine, tok, cfg
 
 
 def perplexity(engine: Any, val_ds: Any, micro_batch: int, batches: int) -> float:

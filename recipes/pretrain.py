@@ -44,7 +44,7 @@ def main() -> None:
     if dist.get_rank() == 0:  # the run directory carries its tokenizer: infer.py and eval/ need nothing else
         tok.save_pretrained(args.out / "tokenizer")
     module = pipeline_module(cfg, args.stages)
-    meta = {**cfg.to_dict(), "tokenizer": str((args.out / "tokenizer").resolve())}
+    meta = {**cfg.to_dict(), "tokenizer": "tokenizer"}  # the folder inside the run directory
     train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)
 
 

@@ -1,0 +1,169 @@
+"""An lm-evaluation-harness model: our recipes' checkpoints (or a LLaMA-family folder) with a chosen
+compression at the pipeline's stage boundaries, at inference.
+
+    lm_eval run --model pp_compress --model_args checkpoint=runs/study/base,compress=topk:0.1,stages=4 \
+        --tasks ppc_shakespeare_ppl --include_path .cache/eval_tasks
+
+The model runs in one process: the same layers as the pipeline (recipes/model.py), cut into `stages`
+exactly as DeepSpeed's `partition_method="type:Block"` cuts them, with a pp_compress
+CompressionBoundary at every cut. In eval mode a boundary compresses and decompresses the hidden
+states through the same operators the pipeline sends (the spec's `eval`, else its `act`), so what
+the next stage sees is what it would receive over the wire. `compress=none` is the uncompressed model.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from torch import Tensor, nn
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import pp_compress as ppc  # noqa: E402
+from recipes import data  # noqa: E402
+from recipes.model import GPT, GPTConfig  # noqa: E402
+
+
+def stage_cuts(cfg: GPTConfig, stages: int) -> list[int]:
+    """Layer indices after which a stage ends, as DeepSpeed's type:Block partitioning places them."""
+    from deepspeed.runtime.utils import partition_balanced
+
+    n_layers = cfg.n_layer + 2 + (1 if cfg.tie_embeddings else 0)  # embedding, blocks, head[, tied projection]
+    weights = [1 if 1 <= i <= cfg.n_layer else 0 for i in range(n_layers)]
+    parts = partition_balanced(weights=weights, num_parts=stages)
+    return [parts[s] - 1 for s in range(1, stages)]
+
+
+def load_model(checkpoint: str | Path) -> tuple[GPT, Any, int]:
+    """(model, tokenizer, trained sequence length) of a recipe run directory or a transformers folder."""
+    checkpoint = Path(checkpoint)
+    run = checkpoint / "run.json"
+    if run.exists():
+        info = json.loads(run.read_text())
+        meta = dict(info["model"])
+        tok = data.run_tokenizer(checkpoint, meta.pop("tokenizer"))
+        meta.pop("base_checkpoint", None)
+        model = GPT(GPTConfig(**meta))
+        tag = (checkpoint / "ckpt" / "latest").read_text().strip()
+        for i, layer in enumerate(model.layers):  # DeepSpeed writes one file per pipeline layer
+            f = checkpoint / "ckpt" / tag / f"layer_{i:02d}-model_states.pt"
+            if f.exists():
+                layer.load_state_dict(torch.load(f, map_location="cpu", weights_only=True))
+            elif any(True for _ in layer.parameters(recurse=False)):
+                raise FileNotFoundError(f"{f} is missing")
+        return model.eval(), tok, int(info["args"].get("seq_len", 1024))
+    if (checkpoint / "config.json").exists():
+        return GPT(GPTConfig.from_hf(checkpoint), checkpoint).eval(), data.load_tokenizer(str(checkpoint)), 2048
+    raise FileNotFoundError(f"{checkpoint}: neither a recipe run (run.json) nor a transformers folder (config.json)")
+
+
+class Staged(nn.Module):
+    """The layers with a CompressionBoundary after each stage cut (eval mode: inference compression)."""
+
+    def __init__(self, model: GPT, stages: int, compress: str) -> None:
+        super().__init__()
+        cfg = ppc.parse_spec(compress)
+        cuts = stage_cuts(model.cfg, stages)  # boundary b follows layer cuts[b]
+        seq: list[nn.Module] = []
+        for i, layer in enumerate(model.layers):
+            seq.append(layer)
+            if i in cuts:
+                seq.append(ppc.CompressionBoundary(cfg, boundary=cuts.index(i)))
+        self.seq = nn.ModuleList(seq)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        x: Any = ids  # (B, T)
+        for m in self.seq:
+            x = m(x)
+        return x  # (B, T, V)
+
+
+@register_model("pp_compress")
+class PPCompressLM(LM):
+    """lm-eval model over recipes/model.py with compression at the stage boundaries."""
+
+    def __init__(self, checkpoint: str, compress: str = "none", stages: int = 4, batch_size: int | str = 8,
+                 max_length: int | None = None, dtype: str = "float32", **_: Any) -> None:
+        super().__init__()
+        model, self.tok, trained_len = load_model(checkpoint)
+        self.net = Staged(model, int(stages), str(compress)).to(getattr(torch, dtype)).eval()
+        self.batch = int(batch_size) if str(batch_size).isdigit() else 8
+        self.max_length = int(max_length or trained_len)
+        self.eos = self.tok.eos_token_id
+        self.compress = str(compress)
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def _encode(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    @torch.no_grad()
+    def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """(sum log p(continuation | context), continuation is the greedy one) for token-id pairs."""
+        out: list[tuple[float, bool]] = []
+        for i in range(0, len(pairs), self.batch):
+            chunk = pairs[i:i + self.batch]
+            seqs = [(ctx + cont)[-(self.max_length + 1):][:-1] for ctx, cont in chunk]
+            width = max(len(s) for s in seqs)
+            ids = torch.full((len(seqs), width), self.eos, dtype=torch.long)  # (B, T) right-padded
+            for r, s in enumerate(seqs):
+                ids[r, :len(s)] = torch.tensor(s)
+            logp = F.log_softmax(self.net(ids).float(), dim=-1)  # (B, T, V)
+            for r, ((ctx, cont), s) in enumerate(zip(chunk, seqs)):
+                n = len(cont)
+                rows = logp[r, len(s) - n:len(s)]  # (n, V): positions that predict the continuation
+                target = torch.tensor(cont)
+                out.append((float(rows.gather(1, target[:, None]).sum()), bool((rows.argmax(-1) == target).all())))
+        return out
+
+    def _pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """lm-eval's convention: trailing spaces of the context belong to the continuation."""
+        n = len(context) - len(context.rstrip())
+        if n:
+            context, continuation = context[:-n], context[-n:] + continuation
+        whole, ctx = self._encode(context + continuation), self._encode(context)
+        return (ctx or [self.eos]), whole[len(ctx):]
+
+    # --- the LM interface --------------------------------------------------------------------------
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        pairs = [self._pair(*r.args) for r in tqdm(requests, disable=disable_tqdm, desc="tokenizing")]
+        return self._score(pairs)
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        out = []
+        for r in tqdm(requests, disable=disable_tqdm, desc="rolling loglikelihood"):
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=self._encode(r.args[0]), prefix_token=self.eos, max_seq_len=self.max_length, context_len=1)]
+            out.append(sum(ll for ll, _ in self._score(windows)))
+        return out
+
+    @torch.no_grad()
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        out = []
+        for r in tqdm(requests, disable=disable_tqdm, desc="generating"):
+            context, kwargs = r.args
+            until = kwargs.get("until", [])
+            until = [until] if isinstance(until, str) else list(until)
+            ids = (self._encode(context) or [self.eos])[-self.max_length:]
+            new: list[int] = []
+            for _ in range(int(kwargs.get("max_gen_toks", 64))):
+                logits = self.net(torch.tensor([(ids + new)[-self.max_length:]]))  # (1, T, V)
+                nxt = int(logits[0, -1].argmax())
+                if nxt == self.eos:
+                    break
+                new.append(nxt)
+                text = self.tok.decode(new)
+                if any(u in text for u in until):
+                    break
+            text = self.tok.decode(new)
+            for u in until:
+                text = text.split(u)[0]
+            out.append(text)
+        return out

@@ -1,0 +1,65 @@
+"""The quality study of issue 5 on the real pipeline: one pretraining run per compression setting.
+
+    python eval/study.py                      # all settings, resumable: finished runs are skipped
+    python eval/study.py --only base,topk0.1  # some of them
+    python eval/report.py                     # -> eval/RESULTS.md + plots from the runs
+
+Every run is recipes/pretrain.py with the same model, data, seed and steps (4 pipeline stages on CPU
+processes, gloo), differing only in --pp-compress. Runs with error compensation are also evaluated
+without compression at inference (recipes/infer.py, `--pp-compress none`, the same validation batches).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.integration.launch import run_job  # noqa: E402
+
+
+
+def topk(ratio: str, where: str) -> str:
+    return {"both": f"topk:{ratio}", "act": f"act=topk:{ratio},grad=none", "grad": f"act=none,grad=topk:{ratio}"}[where]
+
+
+# name -> spec, the most informative first (the study is resumable and can be cut short)
+SETTINGS: dict[str, str] = {
+    "base": "none", "topk0.1": "topk:0.1", "topk0.1+ef": "topk:0.1+ef", "topk0.1+ef21": "topk:0.1+ef21",
+    "topk0.1+aqsgd": "topk:0.1+aqsgd", "int8": "int8", "act-int4_grad-int8": "act=int4,grad=int8",
+    "act-int2": "act=int2,grad=none", "act-topk0.1": topk("0.1", "act"), "grad-topk0.1": topk("0.1", "grad"),
+    "randk0.13": "randk:0.13", "lowrank10": "lowrank:10",  # matched to topk:0.1's 7.6x: 0.13*32 bits; 10*(128+192)/(128*192)
+    **{f"{'' if w == 'both' else w + '-'}topk{r}": topk(r, w) for r in ("0.5", "0.3", "0.2", "0.05") for w in ("both", "act", "grad")},
+}
+FEEDBACK = ("topk0.1+ef", "topk0.1+ef21", "topk0.1+aqsgd", "topk0.1")
+COMMON = ["--stages", "4", "--model", "small", "--steps", "200", "--eval-every", "50", "--eval-batches", "8",
+          "--log-every", "10", "--seed", "0"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=None, help="comma-separated setting names")
+    ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "study")
+    args = ap.parse_args()
+    names = args.only.split(",") if args.only else list(SETTINGS)
+    for name in names:
+        out = args.runs / name
+        if not (out / "summary.json").exists():
+            t0 = time.perf_counter()
+            rc, log = run_job(ROOT / "recipes/pretrain.py", 4, *COMMON, "--pp-compress", SETTINGS[name], "--out", str(out),
+                              "--overwrite", timeout=3600)
+            print(f"{name:24s} {SETTINGS[name]:34s} rc={rc} {time.perf_counter() - t0:.0f} s", flush=True)
+            if rc != 0:
+                print(log[-3000:], flush=True)
+                continue
+        if name in FEEDBACK and not (out / "infer_none.json").exists():
+            rc, log = run_job(ROOT / "recipes/infer.py", 4, "--stages", "4", "--checkpoint", str(out), "--data", "shakespeare",
+                              "--ppl-batches", "32", "--pp-compress", "none", "--out", str(out / "infer_none.json"), timeout=1800)
+            print(f"{name:24s} inference without compression rc={rc}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

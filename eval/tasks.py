@@ -1,0 +1,108 @@
+"""Local lm-eval tasks from held-out text of a corpus (offline; no hub).
+
+    python eval/tasks.py --corpus shakespeare        # -> .cache/eval_tasks/ (YAML + JSONL, absolute paths)
+    lm_eval run --model pp_compress --model_args checkpoint=runs/x --tasks ppc_shakespeare_ppl --include_path .cache/eval_tasks
+
+Held-out text = the last 1.5% of the characters of every file of the corpus. Pretraining holds out the
+last 2% of every file's tokens (recipes/data.py), so these passages were never trained on (the 0.5%
+margin absorbs the varying characters per token; `check_held_out` verifies it for a tokenizer).
+
+    ppc_<corpus>_ppl       loglikelihood_rolling over passages of ~1,500 characters: word/byte perplexity, bits/byte
+    ppc_<corpus>_nextline  multiple choice: three lines of verse/prose, which of 4 lines comes next (1 true,
+                           3 drawn from other held-out places); acc, acc_norm; chance = 0.25
+    ppc_<corpus>_lastword  LAMBADA-style: a passage without its last word; is the word the greedy
+                           continuation (acc), and its perplexity
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from recipes import data  # noqa: E402
+
+HELD_OUT = {"fixture": 0.3}  # per corpus; default 0.015. The committed fixture is tiny: its tasks overlap training
+DEFAULT_DIR = data.CACHE / "eval_tasks"
+
+
+def held_out(corpus: str) -> list[str]:
+    """The held-out tail of every file."""
+    texts = [f.read_text(encoding="utf-8") for f in data.corpus_files(corpus)]
+    frac = HELD_OUT.get(corpus, 0.015)
+    return [t[len(t) - round(len(t) * frac):] for t in texts]
+
+
+def check_held_out(corpus: str, tokenizer: Any, val_fraction: float = 0.02) -> None:
+    """Raise if any held-out passage starts before the pretraining validation split of that file."""
+    for f in data.corpus_files(corpus):
+        text = f.read_text(encoding="utf-8")
+        start = len(text) - round(len(text) * HELD_OUT.get(corpus, 0.015))
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        before = len(tokenizer(text[:start], add_special_tokens=False)["input_ids"])
+        if before < n - round(n * val_fraction):
+            raise ValueError(f"{f.name}: held-out text starts at token {before}, inside the training part (< {n - round(n * val_fraction)})")
+
+
+def _lines(tails: list[str]) -> list[list[str]]:
+    return [[ln.strip() for ln in t.splitlines() if len(ln.strip().split()) >= 3] for t in tails]
+
+
+def build(corpus: str, out: Path, seed: int = 0) -> list[str]:
+    """Write the three tasks' JSONL + YAML into `out`; returns the task names."""
+    rng = random.Random(seed)
+    tails = held_out(corpus)
+    out.mkdir(parents=True, exist_ok=True)
+    ppl = []
+    for t in tails:
+        body = t[t.find("\n") + 1:]  # start at a line boundary
+        ppl += [{"text": body[i:i + 1500]} for i in range(0, len(body) - 500, 1500)]
+    lines_by_file = _lines(tails)
+    pool = [ln for lines in lines_by_file for ln in lines]
+    nextline, lastword = [], []
+    for lines in lines_by_file:
+        for i in range(0, len(lines) - 4, 4):
+            ctx, true = "\n".join(lines[i:i + 3]), lines[i + 3]
+            wrong = rng.sample([ln for ln in pool if ln != true], 3)
+            label = rng.randrange(4)
+            nextline.append({"context": ctx + "\n", "choices": wrong[:label] + [true] + wrong[label:], "label": label})
+            words = re.sub(r"[^\w\s']+$", "", "\n".join(lines[i:i + 4])).split(" ")
+            if len(words) > 8 and words[-1].isalpha():
+                lastword.append({"context": " ".join(words[:-1]), "target": words[-1]})
+    rows = {"ppl": ppl, "nextline": nextline, "lastword": lastword}
+    specs = {
+        "ppl": {"output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
+                "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]},
+        "nextline": {"output_type": "multiple_choice", "doc_to_text": "{{context}}", "doc_to_choice": "{{choices}}",
+                     "doc_to_target": "{{label}}", "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}]},
+        "lastword": {"output_type": "loglikelihood", "doc_to_text": "{{context}}", "doc_to_target": " {{target}}",
+                     "metric_list": [{"metric": "perplexity"}, {"metric": "acc"}]},
+    }
+    names = []
+    for kind, docs in rows.items():
+        name = f"ppc_{corpus}_{kind}"
+        path = (out / f"{name}.jsonl").resolve()
+        path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+        task = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(path)}},
+                "test_split": "test", **specs[kind], "metadata": {"version": 1.0}}
+        (out / f"{name}.yaml").write_text(json.dumps(task, indent=1))  # JSON is YAML
+        names.append(name)
+        print(f"{name}: {len(docs)} documents -> {path}", file=sys.stderr)
+    return names
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", default="shakespeare", choices=data.CORPORA)
+    ap.add_argument("--out", type=Path, default=DEFAULT_DIR)
+    ap.add_argument("--check-tokenizer", default=None, help="a tokenizer folder: verify the held-out text was not trained on")
+    a = ap.parse_args()
+    build(a.corpus, a.out)
+    if a.check_tokenizer:
+        check_held_out(a.corpus, data.load_tokenizer(a.check_tokenizer))
+        print("held-out text lies inside the validation split for this tokenizer", file=sys.stderr)
