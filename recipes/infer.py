@@ -34,7 +34,7 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         meta = json.loads(run.read_text())["model"]
         tok_name = meta.pop("tokenizer")
         meta.pop("base_checkpoint", None)
-        cfg, module = GPTConfig(**meta), None
+        cfg = GPTConfig(**meta)
         module = pipeline_module(cfg, args.stages)
     elif (args.checkpoint / "config.json").exists():
         tok_name, cfg = str(args.checkpoint), GPTConfig.from_hf(args.checkpoint)

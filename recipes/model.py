@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Union
 
@@ -331,7 +331,3 @@ def pipeline_module(cfg: GPTConfig, num_stages: int, checkpoint: str | Path | No
         specs = [LayerSpec(Embedding, cfg, checkpoint), *blocks, LayerSpec(Head, cfg, checkpoint)]
     return PipelineModule(layers=specs, num_stages=num_stages, loss_fn=lm_loss, partition_method=partition_method,
                           activation_checkpoint_interval=activation_checkpoint_interval)
-
-
-def with_overrides(cfg: GPTConfig, **kw: Any) -> GPTConfig:
-    return replace(cfg, **{k: v for k, v in kw.items() if v is not None})
