@@ -1,0 +1,117 @@
+"""Operator throughput next to memcpy: compress and decompress time, GB/s of input, ratio, error.
+
+    python benchmarks/ops.py                          # CPU: default shapes, fp32 and bf16
+    python benchmarks/ops.py --device cuda --shape 8x2048x4096
+    python benchmarks/ops.py --spec int8 --spec topk:0.1 --shape 4x1024x1024 --dtype bf16
+
+For every (shape, dtype) the same run measures `x.clone()` (the memcpy reference) and, for TopK specs,
+`torch.topk` itself with the same k per sample, so ratios compare side by side. Times are medians over
+--reps repetitions after warm-up (CUDA: events after synchronize). "codec GB/s" is input bytes divided by
+compress + decompress time; "vs clone" is that over clone's GB/s. Results: benchmarks/results/ops_<device>.md
+and .csv.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import pp_compress as ppc  # noqa: E402
+
+SPECS = ["identity", "bf16", "fp8", "int8", "int8:per=channel", "int4:per=block64", "int2:per=block64",
+         "topk:0.3", "topk:0.1", "topk:0.1>int8", "randk:0.1", "lowrank:8"]
+SHAPES = ["1x512x768", "4x1024x1024", "8x1024x2048"]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def timer(device: torch.device, fn: Callable[[], object], reps: int) -> float:
+    """Median seconds of fn() over reps runs, after two warm-up runs."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench(spec: str, x: torch.Tensor, reps: int, clone_s: float) -> dict:
+    op = ppc.build(spec)
+    ctx = ppc.Context(training=False)
+    payload = op.compress(x, ctx)
+    y = op.decompress(payload, ctx)
+    enc = timer(x.device, lambda: op.compress(x, ctx), reps)
+    dec = timer(x.device, lambda: op.decompress(payload, ctx), reps)
+    nbytes = x.numel() * x.element_size()
+    err = float((x.double() - y.double()).norm() / x.double().norm())
+    row = {"spec": spec, "compress_ms": enc * 1e3, "decompress_ms": dec * 1e3, "codec_GBps": nbytes / (enc + dec) / 1e9,
+           "vs_clone": clone_s / (enc + dec), "ratio": nbytes / payload.nbytes, "rel_error": err, "topk_ms": None}
+    if spec.startswith("topk:"):
+        ratio = float(spec.split(":")[1].split(">")[0])
+        flat = x.reshape(x.shape[0], -1)
+        k = max(1, round(ratio * flat.shape[1]))
+        row["topk_ms"] = timer(x.device, lambda: torch.topk(flat.abs(), k, dim=1, sorted=False), reps) * 1e3
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", action="append", default=None)
+    ap.add_argument("--shape", action="append", default=None, help="BxSxH, e.g. 4x1024x1024")
+    ap.add_argument("--dtype", action="append", choices=list(DTYPES), default=None)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    rows = []
+    for shape_s in args.shape or SHAPES:
+        shape = tuple(int(v) for v in shape_s.split("x"))
+        for dname in args.dtype or list(DTYPES):
+            x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=DTYPES[dname])
+            clone_s = timer(device, x.clone, args.reps)
+            nbytes = x.numel() * x.element_size()
+            print(f"{shape_s} {dname}: clone {clone_s * 1e3:.2f} ms = {nbytes / clone_s / 1e9:.2f} GB/s", flush=True)
+            for spec in args.spec or SPECS:
+                r = {"shape": shape_s, "dtype": dname, "clone_GBps": nbytes / clone_s / 1e9, **bench(spec, x, args.reps, clone_s)}
+                rows.append(r)
+                print(f"  {spec:22s} enc {r['compress_ms']:8.2f} ms  dec {r['decompress_ms']:8.2f} ms  "
+                      f"{r['codec_GBps']:6.2f} GB/s ({r['vs_clone']:.0%} of clone)  ratio {r['ratio']:5.2f}x"
+                      + (f"  torch.topk {r['topk_ms']:.2f} ms" if r["topk_ms"] else ""), flush=True)
+    out = args.out or ROOT / "benchmarks" / "results" / f"ops_{device.type}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_suffix(".csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    lines = [f"Device: {device} ({torch.get_num_threads()} threads), torch {torch.__version__}; medians of {args.reps} runs.", "",
+             "| shape | dtype | spec | clone GB/s | compress ms | decompress ms | codec GB/s | vs clone | torch.topk ms | ratio | rel. error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        topk = f"{r['topk_ms']:.2f}" if r["topk_ms"] else ""
+        lines.append(f"| {r['shape']} | {r['dtype']} | `{r['spec']}` | {r['clone_GBps']:.2f} | {r['compress_ms']:.2f} | "
+                     f"{r['decompress_ms']:.2f} | {r['codec_GBps']:.2f} | {r['vs_clone']:.0%} | {topk} | {r['ratio']:.2f}x | {r['rel_error']:.4f} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
