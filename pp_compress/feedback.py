@@ -106,7 +106,7 @@ class EF21(_Wrapper):
             return delta
         g = self._state(self.recv, ctx, delta) + delta.to(_acc_dtype(delta.dtype))
         self.recv[ctx.key] = g
-        return g.to(payload.dtype)
+        return g.to(payload.dtype, copy=True)  # never hand out the state itself (a pipeline sets requires_grad on it)
 
     def estimate(self, payload: Payload, ctx: Context | None = None) -> Tensor:
         ctx = ctx or Context()

@@ -54,7 +54,7 @@ def test_more_stages_bf16_and_data_parallel(tmp_path, nproc, stages, extra):
     assert seen >= {f"b{b}.{d}" for b in range(stages - 1) for d in ("act", "grad")}
 
 
-@pytest.mark.parametrize("spec,extra", [("act=topk:0.2+ef,grad=randk:0.3+ef21", []),
+@pytest.mark.parametrize("spec,extra", [("act=topk:0.2+ef21,grad=randk:0.3+ef", []),
                                          ("act=int4+aqsgd,grad=topk:0.3+aqsgd", ["--ids"])])
 def test_checkpoint_resume_with_error_feedback_is_identical(tmp_path, spec, extra):
     res = run(tmp_path, 4, "--stages", "2", "--steps", "8", "--spec", spec, "--ckpt", str(tmp_path / "ckpt"), *extra)

@@ -108,3 +108,12 @@ def test_inference_leaves_state_untouched():
     y, _ = op.roundtrip(x, ppc.Context(training=False))
     assert torch.equal(y, ppc.build("topk:0.1").roundtrip(x)[0])
     assert all(torch.equal(before[k], v) for k, v in op.state_dict()["send"].items())
+
+
+def test_ef21_output_is_not_its_state():
+    """A receiver's output becomes a leaf with requires_grad in a pipeline: it must not alias the state."""
+    op = ppc.build("topk:0.5+ef21")
+    for step in range(2):
+        y = op.decompress(op.compress(torch.randn(3, 4), ppc.Context(step=step)), ppc.Context(step=step))
+        y.requires_grad_(True)
+        assert y.data_ptr() != op.recv["b0.act.mb0"].data_ptr() and not op.recv["b0.act.mb0"].requires_grad
