@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+import torch
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -42,6 +44,7 @@ def main() -> None:
         return data.sft_datasets(Path(args.data), tok, args.seq_len, args.val_fraction)
 
     train_ds, val_ds = train.rank0_first(load)
+    torch.manual_seed(args.seed)  # weights depend on --seed only (not on what ran before, e.g. a cold cache)
     module = pipeline_module(cfg, args.stages, checkpoint=ckpt)
     meta = {**cfg.to_dict(), "tokenizer": args.tokenizer or str(ckpt), "base_checkpoint": str(ckpt)}
     train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)

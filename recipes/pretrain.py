@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
 import torch.distributed as dist
 from pathlib import Path
 
@@ -43,6 +44,7 @@ def main() -> None:
     cfg = GPTConfig.preset(args.model, vocab_size=len(tok))
     if dist.get_rank() == 0:  # the run directory carries its tokenizer: infer.py and eval/ need nothing else
         tok.save_pretrained(args.out / "tokenizer")
+    torch.manual_seed(args.seed)  # weights depend on --seed only (not on what ran before, e.g. a cold cache)
     module = pipeline_module(cfg, args.stages)
     meta = {**cfg.to_dict(), "tokenizer": "tokenizer"}  # the folder inside the run directory
     train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)

@@ -55,6 +55,14 @@ def test_pretrain_logs_learning_and_wire_bytes(pretrained):
     assert {"b0.act", "b0.grad", "b0.act_eval"} <= set(summary["stats"])
 
 
+def test_same_seed_same_start_with_a_warm_cache(pretrained, tmp_path):
+    """The fixture's run had a cold tokenizer/dataset cache, this one a warm one: the first loss must not differ."""
+    out = tmp_path / "again"
+    ok(*run_job(ROOT / "recipes/pretrain.py", 2, *TINY, "--steps", "1", "--eval-every", "0",
+                "--pp-compress", "act=int8,grad=topk:0.3+ef", "--out", str(out)))
+    assert rows(out, "train")[0]["loss"] == rows(pretrained, "train")[0]["loss"]
+
+
 def test_resume_continues_exactly(pretrained, tmp_path):
     out = tmp_path / "resumed"
     shutil.copytree(pretrained, out, ignore=shutil.ignore_patterns("global_step4", "metrics.*"))
@@ -70,10 +78,10 @@ def test_infer_generates_and_reproduces_the_validation_loss(pretrained, tmp_path
     res = tmp_path / "infer.json"
     ok(*run_job(ROOT / "recipes/infer.py", 2, "--checkpoint", str(pretrained), "--prompt", "My lord,", "--prompt", "O",
                 "--max-new-tokens", "3", "--data", "fixture", "--ppl-batches", "4", "--seq-len", "32",
-                "--micro-batch", "2", "--pp-compress", "none", "--out", str(res)))
+                "--micro-batch", "2", "--pp-compress", "act=int8,grad=topk:0.3+ef", "--out", str(res)))
     out = json.loads(res.read_text())
     assert out["generations"][0].startswith("My lord,") and len(out["generations"]) == 2
-    # pretraining's last evaluation: 2 pipeline batches x 2 micro-batches = the same 4 micro-batches
+    # pretraining's last evaluation (int8 at inference, as trained): 2 pipeline batches x 2 micro-batches = these 4
     assert math.isclose(math.log(out["val_ppl"]), rows(pretrained, "eval")[-1]["val_loss"], rel_tol=1e-5)
 
 
