@@ -32,7 +32,7 @@ SETTINGS: dict[str, str] = {
     "topk0.1+aqsgd": "topk:0.1+aqsgd", "int8": "int8", "act-int4_grad-int8": "act=int4,grad=int8",
     "act-int2": "act=int2,grad=none", "act-topk0.1": topk("0.1", "act"), "grad-topk0.1": topk("0.1", "grad"),
     "randk0.13": "randk:0.13", "lowrank10": "lowrank:10",  # matched to topk:0.1's 7.6x: 0.13*32 bits; 10*(128+192)/(128*192)
-    **{f"{'' if w == 'both' else w + '-'}topk{r}": topk(r, w) for r in ("0.5", "0.3", "0.2", "0.05") for w in ("both", "act", "grad")},
+    **{f"{'' if w == 'both' else w + '-'}topk{r}": topk(r, w) for w in ("both", "act", "grad") for r in ("0.5", "0.3", "0.2", "0.05")},
 }
 FEEDBACK = ("topk0.1+ef", "topk0.1+ef21", "topk0.1+aqsgd", "topk0.1")
 COMMON = ["--stages", "4", "--model", "small", "--steps", "200", "--eval-every", "50", "--eval-batches", "8",
