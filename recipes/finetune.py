@@ -48,6 +48,7 @@ def main() -> None:
     module = pipeline_module(cfg, args.stages, checkpoint=ckpt)
     meta = {**cfg.to_dict(), "tokenizer": args.tokenizer or str(ckpt), "base_checkpoint": str(ckpt)}
     train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)
+    train.finish()
 
 
 if __name__ == "__main__":

@@ -138,6 +138,7 @@ def main() -> None:
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(result, indent=1))
+    train.finish()
 
 
 if __name__ == "__main__":

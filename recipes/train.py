@@ -72,6 +72,17 @@ def init_distributed() -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
 
 
+def finish() -> None:
+    """Leave cleanly: wait for every rank, then tear the process groups down before the interpreter exits.
+    Without this, gloo's threads can abort a rank at exit ("terminate called without an active exception",
+    SIGABRT) after all its work is done, which turns a finished run into a failed job."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def rank0_first(fn: Any, *a: Any, **kw: Any) -> Any:
     """Run fn on rank 0 first (it fetches/tokenizes into the cache), then on the others (they hit the cache)."""
     import torch.distributed as dist

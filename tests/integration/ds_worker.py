@@ -114,3 +114,4 @@ result["eval"] = float(engine.eval_batch(data(7 + dp_id)))
 with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
 dist.barrier()
+dist.destroy_process_group()  # before exit: gloo threads can otherwise abort the rank (SIGABRT)
