@@ -35,7 +35,7 @@ SETTINGS: dict[str, str] = {
     **{f"{'' if w == 'both' else w + '-'}topk{r}": topk(r, w) for w in ("both", "act", "grad") for r in ("0.5", "0.3", "0.2", "0.05")},
 }
 FEEDBACK = ("topk0.1+ef", "topk0.1+ef21", "topk0.1+aqsgd", "topk0.1")
-COMMON = ["--stages", "4", "--model", "small", "--steps", "200", "--eval-every", "50", "--eval-batches", "8",
+COMMON = ["--stages", "4", "--model", "small", "--steps", "120", "--eval-every", "40", "--eval-batches", "8",
           "--log-every", "10", "--seed", "0"]
 
 

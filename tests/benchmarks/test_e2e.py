@@ -1,0 +1,44 @@
+"""benchmarks/e2e.py and throttle.py: link parsing, the delay model, and one real run over rate-limited links."""
+import argparse
+import csv
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.e2e import LINKS, netns_permitted, parse_link
+from benchmarks.throttle import delay_s
+from tests.integration.launch import ROOT
+
+
+def test_parse_link_forms_and_errors():
+    assert parse_link("none") == ("none", 0.0, 0.0)
+    assert parse_link("100mbit") == ("100mbit", 100.0, LINKS["100mbit"][1])
+    assert parse_link("2.5gbit@0.3ms") == ("2.5gbit", 2500.0, 0.3)
+    with pytest.raises(argparse.ArgumentTypeError, match="'5kbit'.*accepted: none, <N>mbit"):
+        parse_link("5kbit")
+
+
+def test_delay_model():
+    assert delay_s(1_000_000, 0.0, 0.0) == 0.0  # unlimited
+    assert delay_s(1_250_000, 2.0, 100.0) == pytest.approx(0.002 + 0.1)  # 10 Mbit at 100 Mbit/s
+    assert delay_s(0, 5.0, 1.0) == pytest.approx(0.005)
+
+
+def test_compressed_run_over_a_rate_limited_link(tmp_path):
+    """Two stage processes over a 25 Mbit/s link (namespaces + tbf here; emulated where not permitted)."""
+    out = tmp_path / "res"
+    cmd = [sys.executable, str(ROOT / "benchmarks/e2e.py"), "--link", "25mbit@1ms", "--spec", "none", "--spec", "int8",
+           "--steps", "3", "--model", "tiny", "--work", str(tmp_path / "runs"), "--out", str(out),
+           "--", "--corpus", "fixture", "--tokenizer", "bpe512", "--seq-len", "32", "--micro-batch", "2"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = list(csv.DictReader(open(out.with_suffix(".csv"))))
+    assert [x["spec"] for x in rows] == ["none", "int8"]
+    assert {x["mode"] for x in rows} == {"netns+tbf" if netns_permitted() is None else "emulated"}
+    none, int8 = ({k: float(v) for k, v in x.items() if k in ("act_wire", "grad_wire", "raw", "step_s")} for x in rows)
+    assert none["act_wire"] + none["grad_wire"] == none["raw"]
+    assert 3.5 < none["raw"] / (int8["act_wire"] + int8["grad_wire"]) < 4.0
+    assert float(rows[1]["speedup"]) > 0 and out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
+    leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout if netns_permitted() is None else ""
+    assert "ppcb" not in leftover  # namespaces torn down
