@@ -73,3 +73,14 @@ def test_bad_specs_name_the_token(bad):
         ppc.build(bad)
     assert repr(bad.split(":")[0]) in str(e.value) or bad in str(e.value)
     assert "accepted" in str(e.value)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_compiled_kernels_match_eager_bitwise(bits):
+    """`compile` changes speed, never bytes: same payload and output as the eager kernels (or a warned fallback)."""
+    x = torch.randn(3, 16, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
+    eager, compiled = ppc.build(f"int{bits}"), ppc.build(f"int{bits}:compile")
+    assert str(compiled.config).endswith(":compile") or "compile" in compiled.spec
+    pe, pc = eager.compress(x), compiled.compress(x)
+    assert all(torch.equal(a, b) for a, b in zip(pe.tensors, pc.tensors))
+    assert torch.equal(eager.decompress(pe), compiled.decompress(pc))
