@@ -5,6 +5,10 @@ import torch
 from torch import Tensor
 
 PACKABLE_BITS = (1, 2, 4, 8)
+# 1-bit packing with 64-bit multiplies (little-endian byte order, as torch views are on every supported platform)
+_GATHER = 0x0102040810204080  # byte i (bit 8i) -> bit 56 + i
+_SPREAD = 0x0101010101010101  # a byte into all 8 bytes of a word
+_SELECT = -0x7FBFDFEFF7FBFDFF  # 0x8040201008040201 as int64: bit i of byte i
 
 
 def packed_nbytes(n: int, bits: int) -> int:
@@ -23,6 +27,9 @@ def pack_bits(codes: Tensor, bits: int) -> Tensor:
     pad = (-codes.numel()) % per
     if pad:
         codes = torch.cat([codes, codes.new_zeros(pad)])
+    if bits == 1:  # 8 bytes as one int64; one multiply gathers byte i's low bit into bit 56 + i (no carries)
+        words = codes.contiguous().view(torch.int64)  # (n / 8,)
+        return ((words * _GATHER) >> 56).to(torch.uint8)  # the wrap-around of the product is intended
     grouped = codes.view(-1, per)  # (n / per, per)
     out = grouped[:, 0].clone()  # (n / per,)
     for i in range(1, per):
@@ -37,6 +44,9 @@ def unpack_bits(packed: Tensor, bits: int, n: int) -> Tensor:
     if bits == 8:
         return packed[:n]
     per = 8 // bits
+    if bits == 1:  # replicate each byte 8 times in an int64, keep bit i in byte i
+        words = (packed.to(torch.int64) * _SPREAD) & _SELECT  # (nbytes,)
+        return (words.view(torch.uint8) != 0).to(torch.uint8)[:n]
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)  # (per,)
     codes = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # (nbytes, per)
     return codes.reshape(-1)[:n]

@@ -81,8 +81,7 @@ class TopK(Compressor):
         values, where = payload.tensors
         if idx_dtype is None:
             mask = unpack_bits(where, 1, groups * size).bool()  # (groups * size,)
-            out = values.new_zeros(groups * size)
-            out[mask] = values.reshape(-1)
+            out = values.new_zeros(groups * size).masked_scatter_(mask, values.reshape(-1))  # positions in order
             return out.view(payload.shape).to(payload.dtype)
         index = where.long()
         if idx_dtype == torch.int16:
