@@ -1,0 +1,85 @@
+"""eval/report.py: the findings' rules on synthetic runs, and RESULTS.md + plots from run logs."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from eval import report
+
+
+def run(val: float, ratio: float = 1.0, plain: float | None = None) -> dict:
+    r = {"val_loss": val, "ratio": ratio, "wire": 1e6 / ratio, "evals": [{"tokens": 1, "val_loss": val}]}
+    if plain is not None:
+        r["val_loss_plain_inference"] = plain
+    return r
+
+
+def test_tolerance_from_seed_gap() -> None:
+    f = report.Findings({"base": run(5.0), "base-seed1": run(5.03)})
+    assert f.tol == pytest.approx(0.06)
+    assert report.Findings({"base": run(5.0), "base-seed1": run(5.001)}).tol == 0.02  # floor
+    assert report.Findings({"base": run(5.0)}).tol == 0.05  # no second seed: documented default
+
+
+def test_gradients_more_sensitive_rule() -> None:
+    runs = {"base": run(5.0), "base-seed1": run(5.0)}
+    for r in report.LEVELS:
+        runs[f"act-topk{r}"], runs[f"grad-topk{r}"] = run(5.01), run(5.5)
+    assert report.Findings(runs).f1()[0] == "holds"
+    for r in report.LEVELS:
+        runs[f"grad-topk{r}"] = run(5.01)
+    assert report.Findings(runs).f1()[0] == "does not hold here"
+
+
+def test_topk_at_inference_and_feedback_rules() -> None:
+    runs = {"base": run(5.0), "base-seed1": run(5.0), "topk0.1": run(5.5, 7.6, plain=6.5),
+            "topk0.1+ef": run(5.5, 7.6, plain=5.51), "topk0.1+ef21": run(5.52, 7.6, plain=5.5)}
+    f = report.Findings(runs)
+    assert f.f3()[0] == "holds"          # 1 nat worse without TopK at inference
+    assert f.f4()[0] == "holds"          # no training gain, small drop without compression
+    runs["topk0.1+ef"] = run(5.1, 7.6, plain=6.0)
+    assert report.Findings(runs).f4()[0].startswith("partly (a training gain, a large drop")
+    assert f.f2()[0] == "does not hold here"  # topk0.1 is 0.5 nats worse
+
+
+def test_aqsgd_without_revisits_is_reported_as_untestable() -> None:
+    runs = {"base": run(5.0), "topk0.1": run(5.5, 7.6), "topk0.1+aqsgd": run(5.4, 1.0, plain=5.0)}
+    verdict, text = report.Findings(runs).f5()
+    assert verdict == "not testable in one epoch" and "5.000" in text
+
+
+def write_run(where: Path, name: str, losses: list[float], raw: float, wire: float) -> None:
+    (where / name).mkdir(parents=True)
+    rows = [{"kind": "train", "step": i, "tokens": 100 * i, "loss": v, "act_raw_bytes": raw, "act_wire_bytes": wire,
+             "grad_raw_bytes": raw, "grad_wire_bytes": wire} for i, v in enumerate(losses, 1)]
+    rows += [{"kind": "eval", "step": i, "tokens": 100 * i, "val_loss": v} for i, v in enumerate(losses, 1)]
+    (where / name / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (where / name / "summary.json").write_text(json.dumps({"final_val_loss": losses[-1]}))
+
+
+def test_results_md_from_logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    res = tmp_path / "results"
+    write_run(res, "base", [6.0, 5.0], 1000.0, 1000.0)
+    write_run(res, "int8", [6.0, 5.01], 1000.0, 250.0)
+    write_run(res, "not-a-setting", [1.0], 1.0, 1.0)  # ignored
+    (res / "int8" / "infer_none.json").write_text(json.dumps({"val_ppl": math.exp(5.02)}))
+    out = tmp_path / "RESULTS.md"
+    monkeypatch.setattr(sys, "argv", ["report.py", "--from-results", "--results", str(res), "--out", str(out)])
+    report.main()
+    text = out.read_text()
+    assert "| int8 | `int8` | 4.00x | 0.00 | 5.010 | +0.010 | 5.020 |" in text
+    assert "2 of" in text and "not-a-setting" not in text
+    assert (tmp_path / "plots" / "quantization.png").stat().st_size > 0
+    assert (tmp_path / "plots" / "quality_vs_bytes.png").stat().st_size > 0
+
+
+def test_no_baseline_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_run(tmp_path / "results", "int8", [5.0], 1.0, 1.0)
+    monkeypatch.setattr(sys, "argv", ["report.py", "--from-results", "--results", str(tmp_path / "results"),
+                                      "--out", str(tmp_path / "R.md")])
+    with pytest.raises(SystemExit, match="no baseline run"):
+        report.main()
