@@ -1,8 +1,12 @@
 """An lm-evaluation-harness model: our recipes' checkpoints (or a LLaMA-family folder) with a chosen
 compression at the pipeline's stage boundaries, at inference.
 
-    lm_eval run --model pp_compress --model_args checkpoint=runs/study/base,compress=topk:0.1,stages=4 \
+    python eval/lm.py run --model pp_compress --model_args checkpoint=runs/study/base,compress=topk:0.1,stages=4 \
         --tasks ppc_shakespeare_ppl --include_path .cache/eval_tasks
+
+`python eval/lm.py` is lm-eval's own CLI (`lm_eval`, same arguments) with this model registered: the
+installed `lm_eval` script has no plugin hook that would import it. In Python, `import eval.lm` and then
+`lm_eval.simple_evaluate(model="pp_compress", ...)` works the same.
 
 The model runs in one process: the same layers as the pipeline (recipes/model.py), cut into `stages`
 exactly as DeepSpeed's `partition_method="type:Block"` cuts them, with a pp_compress
@@ -167,3 +171,11 @@ class PPCompressLM(LM):
                 text = text.split(u)[0]
             out.append(text)
         return out
+
+
+if __name__ == "__main__":
+    # lm-eval's own CLI with this model registered (the installed `lm_eval` script cannot import it):
+    # python eval/lm.py run --model pp_compress --model_args ... --tasks ... --include_path .cache/eval_tasks
+    from lm_eval.__main__ import cli_evaluate
+
+    sys.exit(cli_evaluate())

@@ -1,7 +1,7 @@
 """Local lm-eval tasks from held-out text of a corpus (offline; no hub).
 
     python eval/tasks.py --corpus shakespeare        # -> .cache/eval_tasks/ (YAML + JSONL, absolute paths)
-    lm_eval run --model pp_compress --model_args checkpoint=runs/x --tasks ppc_shakespeare_ppl --include_path .cache/eval_tasks
+    python eval/lm.py run --model pp_compress --model_args checkpoint=runs/x --tasks ppc_shakespeare_ppl --include_path .cache/eval_tasks
 
 Held-out text = the last 1.5% of the characters of every file of the corpus. Pretraining holds out the
 last 2% of every file's tokens (recipes/data.py), so these passages were never trained on (the 0.5%

@@ -60,6 +60,23 @@ def test_parity_command_passes_identical_and_fails_broken_settings(run_dir, tmp_
     assert broken.returncode == 1 and rows["ppc_fixture_ppl/bits_per_byte"]["verdict"] == "worse", broken.stdout[-3000:]
 
 
+def test_lm_eval_cli_runs_the_local_tasks_with_our_model(run_dir, tmp_path):
+    out, cache = run_dir
+    env = {"PYTHONPATH": str(ROOT), "PP_COMPRESS_CACHE": str(cache), "HF_HOME": str(cache / "hf"), "PATH": "/usr/bin:/bin"}
+    tasks = tmp_path / "tasks"
+    built = subprocess.run([sys.executable, str(ROOT / "eval/tasks.py"), "--corpus", "fixture", "--out", str(tasks)],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    cli = subprocess.run([sys.executable, str(ROOT / "eval/lm.py"), "run", "--model", "pp_compress", "--model_args",
+                          f"checkpoint={out},compress=int8,stages=2", "--tasks", "ppc_fixture_ppl", "ppc_fixture_nextline",
+                          "--include_path", str(tasks), "--limit", "4", "--output_path", str(tmp_path / "res")],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-3000:]
+    res = json.loads(next((tmp_path / "res").rglob("results_*.json")).read_text())["results"]
+    assert 0 < res["ppc_fixture_ppl"]["bits_per_byte,none"] < 20
+    assert 0 <= res["ppc_fixture_nextline"]["acc,none"] <= 1
+
+
 @pytest.mark.parametrize("base,cand,higher,verdict", [
     ([0, 1, 1, 0] * 25, [0, 1, 1, 0] * 25, True, "parity"),
     ([1.0] * 100, [0.0] * 50 + [1.0] * 50, True, "worse"),
