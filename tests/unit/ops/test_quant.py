@@ -84,3 +84,23 @@ def test_compiled_kernels_match_eager_bitwise(bits):
     pe, pc = eager.compress(x), compiled.compress(x)
     assert all(torch.equal(a, b) for a, b in zip(pe.tensors, pc.tensors))
     assert torch.equal(eager.decompress(pe), compiled.decompress(pc))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per", ["row", "block64", "tensor", "channel"])
+def test_chunked_int8_kernels_match_the_whole_tensor_kernels_bitwise(dtype, per):
+    """The eager int8 path works on chunks of rows (CPU speed); bytes and output equal the one-shot kernels,
+    also with a ragged last chunk (700 rows of 1000 against 262 rows per chunk)."""
+    from pp_compress.ops.groups import from_groups, to_groups
+    from pp_compress.ops.quant import CHUNK, sym_decode, sym_encode
+
+    x = (torch.randn(7, 100, 1000, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
+    assert x.numel() > 2 * CHUNK
+    op = ppc.build(f"int8:per={per}")
+    p = op.compress(x)
+    codes, scale = sym_encode(to_groups(x, per).float(), 8, torch.bfloat16)
+    assert torch.equal(p.tensors[0], from_groups(codes, tuple(x.shape), per).view(torch.uint8).reshape(-1))
+    assert torch.equal(p.tensors[1], scale)
+    expect = from_groups(sym_decode(to_groups(p.tensors[0].view(torch.int8).reshape(x.shape), per), 8,
+                                    scale.float()[:, None], dtype), tuple(x.shape), per)
+    assert torch.equal(op.decompress(p), expect)
