@@ -19,6 +19,11 @@ Runs. For each link, for each spec: `recipes/pretrain.py --stages N --model smal
 side by side. Step time is the mean of each run's steps after the first two (start-up); tokens/s
 follows from it; speedup is uncompressed step time / this step time on the same link. Wire bytes per
 step are pp_compress's counters (all boundaries, both directions).
+
+Embeddings are untied (`pretrain.py --untied`) so that the links carry the pipeline's traffic only. With
+`--tied`, DeepSpeed also all-reduces the embedding's gradient between the first and the last stage every
+step (8192 x 192 fp32 = 6.3 MB for the small GPT, twice the uncompressed activation traffic of a step),
+which no pipeline compression touches: benchmarks/results/e2e_tied.md shows that run.
 """
 from __future__ import annotations
 
@@ -159,6 +164,7 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--model", default="small")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--tied", action="store_true", help="tied embeddings (adds the embedding-gradient all-reduce to the links)")
     ap.add_argument("--emulate", action="store_true", help="in-process link emulation even where namespaces work")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "e2e")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "e2e")
@@ -175,7 +181,7 @@ def main() -> None:
               "(the sender sleeps latency + bytes/rate per message); results are labelled 'emulated'", flush=True)
     subprocess.run([sys.executable, str(ROOT / "recipes" / "data.py"), "fetch", corpus], check=True)  # no net in a netns
     recipe = [*extra, "--stages", str(args.stages), "--model", args.model, "--steps", str(args.steps), "--log-every", "1",
-              "--eval-every", "0", "--eval-batches", "1", "--overwrite"]
+              "--eval-every", "0", "--eval-batches", "1", "--overwrite", *([] if args.tied else ["--untied"])]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     results: list[dict] = []
     with Namespaces(args.stages) if mode == "netns+tbf" else contextlib.nullcontext() as ns:
@@ -215,7 +221,9 @@ def write(results: list[dict], args: argparse.Namespace, mode: str) -> None:
         "EMULATED in-process: the sender sleeps latency + bytes/rate before each message"
     lines = [f"`{args.model}` GPT, {args.stages} stages, micro-batch 4 x seq 128, 4 micro-batches per step, fp32, "
              f"CPU/gloo, {args.steps} steps per run (mean of steps 3..{args.steps}); links: {how}."
-             + (f" Recipe options: `{' '.join(args.recipe_args)}`." if args.recipe_args else ""), "",
+             + (" Tied embeddings: the links also carry the embedding-gradient all-reduce between the first and last "
+                "stage each step (not counted in wire MB)." if args.tied else " Untied embeddings: the links carry pipeline "
+                "traffic only.") + (f" Recipe options: `{' '.join(args.recipe_args)}`." if args.recipe_args else ""), "",
              "| link | latency | pp_compress | wire MB/step | step time (s) | tokens/s | speedup vs none |",
              "|---|---|---|---|---|---|---|"]
     for r in results:

@@ -28,6 +28,9 @@ def main() -> None:
     ap.add_argument("--val-fraction", type=float, default=0.02)
     ap.add_argument("--tokenizer", default="bpe8192",
                     help="bpe<N>: a byte-level BPE of N tokens trained on the corpus (cached); gpt2; or a tokenizer folder")
+    ap.add_argument("--untied", action="store_true",
+                    help="an output head of its own instead of the embedding's transpose: no gradient all-reduce of the "
+                         "embedding between the first and the last stage each step")
     train.add_args(ap, steps=300, lr=1e-3)
     args = ap.parse_args()
     train.init_distributed()
@@ -41,7 +44,7 @@ def main() -> None:
         return tok, *data.lm_datasets(files, tok, args.seq_len, args.val_fraction)
 
     tok, train_ds, val_ds = train.rank0_first(prepare)
-    cfg = GPTConfig.preset(args.model, vocab_size=len(tok))
+    cfg = GPTConfig.preset(args.model, vocab_size=len(tok), tie_embeddings=not args.untied)
     if dist.get_rank() == 0:  # the run directory carries its tokenizer: infer.py and eval/ need nothing else
         tok.save_pretrained(args.out / "tokenizer")
     torch.manual_seed(args.seed)  # weights depend on --seed only (not on what ran before, e.g. a cold cache)

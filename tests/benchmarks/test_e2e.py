@@ -1,6 +1,7 @@
 """benchmarks/e2e.py and throttle.py: link parsing, the delay model, and one real run over rate-limited links."""
 import argparse
 import csv
+import json
 import subprocess
 import sys
 
@@ -39,6 +40,8 @@ def test_compressed_run_over_a_rate_limited_link(tmp_path):
     none, int8 = ({k: float(v) for k, v in x.items() if k in ("act_wire", "grad_wire", "raw", "step_s")} for x in rows)
     assert none["act_wire"] + none["grad_wire"] == none["raw"]
     assert 3.5 < none["raw"] / (int8["act_wire"] + int8["grad_wire"]) < 4.0
-    assert float(rows[1]["speedup"]) > 0 and out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
+    assert float(rows[1]["speedup"]) > 0 and out.with_suffix(".png").exists()
+    assert "Untied embeddings: the links carry pipeline traffic only" in out.with_suffix(".md").read_text()
+    assert json.loads((tmp_path / "runs" / "25mbit_none" / "run.json").read_text())["model"]["tie_embeddings"] is False
     leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout if netns_permitted() is None else ""
     assert "ppcb" not in leftover  # namespaces torn down
