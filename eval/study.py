@@ -37,7 +37,9 @@ SETTINGS: dict[str, str] = {
 }
 SETTINGS["base-seed1"] = "none"  # the noise floor: the baseline again with another seed (weights and data order)
 SEEDS = {"base-seed1": 1}
-FEEDBACK = ("topk0.1+ef", "topk0.1+ef21", "topk0.1+aqsgd", "topk0.1")
+# Runs whose checkpoints are also evaluated with no compression: error compensation's promise, and the act-only
+# TopK runs (their own validation compresses activations, which the grad-only runs' does not)
+FEEDBACK = ("topk0.1+ef", "topk0.1+ef21", "topk0.1+aqsgd", "topk0.1", *(f"act-topk{r}" for r in ("0.5", "0.3", "0.2", "0.1", "0.05")))
 # Finetuning SmolLM2-135M-Instruct (make models) on Jane Austen: 2 stages, bf16, short (about 2 min per run here)
 FINETUNE: dict[str, str] = {"ft-base": "none", "ft-int8": "int8", **{f"ft-topk{r}": f"topk:{r}" for r in ("0.3", "0.2", "0.1")},
                             "ft-topk0.1+ef": "topk:0.1+ef"}
@@ -58,8 +60,11 @@ def main() -> None:
         out = args.runs / name
         if name in FINETUNE and not (out / "summary.json").exists():
             t0 = time.perf_counter()
-            rc, log = run_job(ROOT / "recipes/finetune.py", 2, *FT_COMMON, "--pp-compress", FINETUNE[name], "--out", str(out),
-                              "--overwrite", timeout=3600)
+            try:
+                rc, log = run_job(ROOT / "recipes/finetune.py", 2, *FT_COMMON, "--pp-compress", FINETUNE[name], "--out", str(out),
+                                  "--overwrite", timeout=3600)
+            except AssertionError as e:  # run_job: the job hung or overran (and was killed); go on with the next setting
+                rc, log = 124, str(e)
             print(f"{name:24s} {FINETUNE[name]:34s} rc={rc} {time.perf_counter() - t0:.0f} s", flush=True)
             if rc != 0:
                 print(log[-3000:], flush=True)

@@ -33,6 +33,11 @@ def test_gradients_more_sensitive_rule() -> None:
     for r in report.LEVELS:
         runs[f"grad-topk{r}"] = run(5.01)
     assert report.Findings(runs).f1()[0] == "does not hold here"
+    # act-only runs look worse only through TopK at their own validation: uncompressed, they beat grad-only
+    for r in report.LEVELS:
+        runs[f"act-topk{r}"], runs[f"grad-topk{r}"] = run(6.0, plain=5.01), run(5.5)
+    verdict, text = report.Findings(runs).f1()
+    assert verdict == "holds" and "+1.000 [+0.010] / +0.500" in text
 
 
 def test_topk_at_inference_and_feedback_rules() -> None:
