@@ -43,6 +43,7 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         raise SystemExit(f"--checkpoint {args.checkpoint}: neither a recipe run (run.json) nor a transformers folder (config.json)")
     ds_cfg = {"train_micro_batch_size_per_gpu": args.micro_batch, "gradient_accumulation_steps": 1,
               "train_batch_size": args.micro_batch, "steps_per_print": 10**9, "bf16": {"enabled": bool(args.bf16)}}
+    train.warn_if_slow_bf16(bool(args.bf16))
     engine, *_ = ppd.initialize(model=module, config=ds_cfg, compression=args.pp_compress)
     if run.exists():
         path, _ = engine.load_checkpoint(str(args.checkpoint / "ckpt"), load_module_only=True,
