@@ -160,7 +160,18 @@ class Findings:
         gap = r["val_loss_plain_inference"] - r["val_loss"]
         text = (f"topk:0.1 (no error feedback): validation loss {r['val_loss']:.3f} with TopK at inference, "
                 f"{r['val_loss_plain_inference']:.3f} without ({gap:+.3f}).")
-        return ("holds" if gap > self.tol else "does not hold here"), text
+        return ("holds" if gap > self.tol else "does not hold here"), text + self.ft_plain(("ft-topk0.1",))
+
+    def ft_plain(self, names: tuple[str, ...]) -> str:
+        """The finetuning runs' side of findings 3-4: val loss with TopK at inference, and without."""
+        base = self.runs.get("ft-base")
+        rows = [(n, self.runs[n]) for n in names if n in self.runs and "val_loss_plain_inference" in self.runs[n]]
+        if not base or not rows:
+            return ""
+        return " Finetuning SmolLM2-135M: " + ", ".join(
+            f"{r['spec']} training {r['val_loss'] - base['val_loss']:+.3f} vs uncompressed finetuning, validation "
+            f"{r['val_loss']:.3f} with TopK at inference and {r['val_loss_plain_inference']:.3f} without "
+            f"({r['val_loss_plain_inference'] - r['val_loss']:+.3f})" for n, r in rows) + "."
 
     def f4(self) -> tuple[str, str]:
         rows = []
@@ -178,7 +189,7 @@ class Findings:
         part1 = "no training gain" if no_gain else "a training gain"
         part2 = "small drop without compression" if small_drop else "a large drop without compression"
         verdict = "holds" if no_gain and small_drop else f"partly ({part1}, {part2})"
-        return verdict, text
+        return verdict, "Pretraining, " + text + self.ft_plain(("ft-topk0.1", "ft-topk0.1+ef"))
 
     def f5(self) -> tuple[str, str]:
         if "topk0.1+aqsgd" not in self.runs or "topk0.1" not in self.runs:
@@ -201,9 +212,12 @@ class Findings:
         if "ft-base" in ft:
             levels = [(n.removeprefix("ft-topk"), ft[n]["val_loss"] - ft["ft-base"]["val_loss"]) for n in FINETUNE
                       if n.startswith("ft-topk") and "+" not in n and n in ft]
-            first = next((r for r, dl in levels if dl > 0.02), None)
+            seed = ft.get("ft-base-seed1")
+            tol = max(2 * abs(seed["val_loss"] - ft["ft-base"]["val_loss"]), 0.02) if seed else 0.02
+            first = next((r for r, dl in levels if dl > tol), None)
             text = ("Finetuning SmolLM2-135M (below), TopK both directions, delta vs uncompressed finetuning: "
-                    + ", ".join(f"{r}: {dl:+.3f}" for r, dl in levels) + f". First level worse by more than 0.02 nats: {first or 'none'}.")
+                    + ", ".join(f"{r}: {dl:+.3f}" for r, dl in levels) + f". First level worse by more than {tol:.3f} nats"
+                    + (" (twice the finetuning seed-to-seed gap, at least 0.02)" if seed else "") + f": {first or 'none'}.")
             return ("holds" if first == "0.2" else "does not hold as stated"), text
         both = [(r, self.d(f"topk{r}")) for r in LEVELS if f"topk{r}" in self.runs]
         if not both:

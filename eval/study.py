@@ -36,14 +36,15 @@ SETTINGS: dict[str, str] = {
     **{f"{'' if w == 'both' else w + '-'}topk{r}": topk(r, w) for w in ("both", "act", "grad") for r in ("0.5", "0.3", "0.2", "0.05")},
 }
 SETTINGS["base-seed1"] = "none"  # the noise floor: the baseline again with another seed (weights and data order)
-SEEDS = {"base-seed1": 1}
+SEEDS = {"base-seed1": 1, "ft-base-seed1": 1}  # finetuning: another data order (the weights are the checkpoint's)
 # Runs whose checkpoints are also evaluated with no compression: error compensation's promise, and the act-only
 # TopK runs (their own validation compresses activations, which the grad-only runs' does not)
 FEEDBACK = ("topk0.1+ef", "topk0.1+ef21", "topk0.1+aqsgd", "topk0.1", *(f"act-topk{r}" for r in ("0.5", "0.3", "0.2", "0.1", "0.05")))
 # Finetuning SmolLM2-135M-Instruct (make models) on Jane Austen: 2 stages, fp32 (this CPU has no bf16 matmul units:
 # bf16 ran 57x slower than fp32, ~98 s/step), short
-FINETUNE: dict[str, str] = {"ft-base": "none", "ft-int8": "int8", **{f"ft-topk{r}": f"topk:{r}" for r in ("0.3", "0.2", "0.1")},
+FINETUNE: dict[str, str] = {"ft-base": "none", "ft-base-seed1": "none", "ft-int8": "int8", **{f"ft-topk{r}": f"topk:{r}" for r in ("0.3", "0.2", "0.1")},
                             "ft-topk0.1+ef": "topk:0.1+ef"}
+FT_FEEDBACK = ("ft-topk0.1", "ft-topk0.1+ef")
 FT_COMMON = ["--stages", "2", "--data", "austen", "--steps", "40", "--seq-len", "128", "--micro-batch", "2", "--grad-accum", "2",
              "--eval-every", "20", "--eval-batches", "8", "--log-every", "5", "--lr", "1e-4", "--seed", "0"]
 COMMON = ["--stages", "4", "--model", "small", "--steps", "120", "--eval-every", "40", "--eval-batches", "8",
@@ -62,13 +63,16 @@ def main() -> None:
         if name in FINETUNE and not (out / "summary.json").exists():
             t0 = time.perf_counter()
             try:
-                rc, log = run_job(ROOT / "recipes/finetune.py", 2, *FT_COMMON, "--pp-compress", FINETUNE[name], "--out", str(out),
-                                  "--overwrite", timeout=3600)
+                rc, log = run_job(ROOT / "recipes/finetune.py", 2, *FT_COMMON, "--seed", str(SEEDS.get(name, 0)), "--pp-compress",
+                                  FINETUNE[name], "--out", str(out), "--overwrite", timeout=3600)
             except AssertionError as e:  # run_job: the job hung or overran (and was killed); go on with the next setting
                 rc, log = 124, str(e)
             print(f"{name:24s} {FINETUNE[name]:34s} rc={rc} {time.perf_counter() - t0:.0f} s", flush=True)
             if rc != 0:
                 print(log[-3000:], flush=True)
+        if name in FINETUNE:
+            if name in FT_FEEDBACK and (out / "summary.json").exists():  # the validation batches of FT_COMMON's evaluations
+                infer_plain(name, out, "--stages", "2", "--data", "austen", "--micro-batch", "2", "--ppl-batches", "16")
             continue
         if name not in SETTINGS:
             raise SystemExit(f"unknown setting {name!r}; accepted: {', '.join([*SETTINGS, *FINETUNE])}")
@@ -80,10 +84,19 @@ def main() -> None:
             if rc != 0:
                 print(log[-3000:], flush=True)
                 continue
-        if name in FEEDBACK and not (out / "infer_none.json").exists():
-            rc, log = run_job(ROOT / "recipes/infer.py", 4, "--stages", "4", "--checkpoint", str(out), "--data", "shakespeare",
-                              "--ppl-batches", "32", "--pp-compress", "none", "--out", str(out / "infer_none.json"), timeout=1800)
-            print(f"{name:24s} inference without compression rc={rc}", flush=True)
+        if name in FEEDBACK:
+            infer_plain(name, out, "--stages", "4", "--data", "shakespeare", "--ppl-batches", "32")
+
+
+def infer_plain(name: str, out: Path, *args: str) -> None:
+    """Evaluate the run's final checkpoint with no compression at all -> <out>/infer_none.json (once)."""
+    if not (out / "infer_none.json").exists():
+        stages = int(args[args.index("--stages") + 1])
+        rc, log = run_job(ROOT / "recipes/infer.py", stages, "--checkpoint", str(out), *args, "--pp-compress", "none",
+                          "--out", str(out / "infer_none.json"), timeout=1800)
+        print(f"{name:24s} inference without compression rc={rc}", flush=True)
+        if rc != 0:
+            print(log[-3000:], flush=True)
 
 
 if __name__ == "__main__":
