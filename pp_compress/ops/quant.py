@@ -182,17 +182,19 @@ def _chunk_rows(g: Tensor) -> int:
 
 def sym_encode_int8(g: Tensor, sdt: torch.dtype) -> tuple[Tensor, Tensor]:
     """sym_encode(g.float(), 8, sdt), bitwise, for g (groups, size) in its own dtype: on CPU one chunk of rows
-    at a time through a reused fp32 buffer, so no full-size fp32 temporary is ever made."""
+    at a time through a reused fp32 buffer, so the input is read once (its row maxima are taken from the
+    cached fp32 chunk: bf16 reductions are 4x slower than fp32 here) and no full-size temporary is made."""
     rows = _chunk_rows(g)
     if not rows:
         return sym_encode(g.float(), 8, sdt)
-    scale = round_scale(torch.maximum(g.amax(dim=1), -g.amin(dim=1)).float() / 127, sdt)  # (groups,); max is exact
-    div = _safe(scale)[:, None]  # (groups, 1)
+    scale = torch.empty(g.shape[0], dtype=sdt, device=g.device)  # (groups,)
     codes = torch.empty(g.shape, dtype=torch.int8, device=g.device)  # (groups, size)
     buf = torch.empty((rows, g.shape[1]), dtype=torch.float32, device=g.device)  # (rows, size)
     for i in range(0, g.shape[0], rows):
-        b = buf[: min(rows, g.shape[0] - i)]  # (<=rows, size)
-        b.copy_(g[i:i + rows]).div_(div[i:i + rows]).round_()
+        b = buf[: min(rows, g.shape[0] - i)].copy_(g[i:i + rows])  # (<=rows, size); exact
+        s = round_scale(torch.maximum(b.amax(dim=1), -b.amin(dim=1)) / 127, sdt)  # (<=rows,)
+        scale[i:i + rows] = s
+        b.div_(_safe(s)[:, None]).round_()
         codes[i:i + rows].copy_(b)  # integral floats in -127..127: exact
     return codes, scale
 

@@ -90,11 +90,12 @@ def test_compiled_kernels_match_eager_bitwise(bits):
 @pytest.mark.parametrize("per", ["row", "block64", "tensor", "channel"])
 def test_chunked_int8_kernels_match_the_whole_tensor_kernels_bitwise(dtype, per):
     """The eager int8 path works on chunks of rows (CPU speed); bytes and output equal the one-shot kernels,
-    also with a ragged last chunk (700 rows of 1000 against 262 rows per chunk)."""
+    also with a ragged last chunk (700 rows of 1000 against 262 rows per chunk) and an all-zero row."""
     from pp_compress.ops.groups import from_groups, to_groups
     from pp_compress.ops.quant import CHUNK, sym_decode, sym_encode
 
     x = (torch.randn(7, 100, 1000, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
+    x[0, 3] = 0  # an all-zero row: scale 0, codes 0
     assert x.numel() > 2 * CHUNK
     op = ppc.build(f"int8:per={per}")
     p = op.compress(x)
