@@ -4,10 +4,12 @@
     python benchmarks/ops.py --device cuda --shape 8x2048x4096
     python benchmarks/ops.py --spec int8 --spec topk:0.1 --shape 4x1024x1024 --dtype bf16
 
-For every (shape, dtype) the same run measures `x.clone()` (the memcpy reference) and, for TopK specs,
+For every (shape, dtype) the same run measures `x.clone()` (the memcpy reference the issue names: allocation +
+copy, like an operator's output) and `dst.copy_(x)` into a preallocated tensor (memory bandwidth alone; on CPU
+clone's time swings with page faults of fresh allocations, 1-17 GB/s for the same tensor here), and, for TopK specs,
 `torch.topk` itself with the same k per sample, so ratios compare side by side. Times are medians over
 --reps repetitions after warm-up (CUDA: events after synchronize). "codec GB/s" is input bytes divided by
-compress + decompress time; "vs clone" is that over clone's GB/s. Results: benchmarks/results/ops_<device>.md
+compress + decompress time; "vs clone" / "vs copy" are that over clone's / copy_'s GB/s. Results: benchmarks/results/ops_<device>.md
 and .csv.
 """
 from __future__ import annotations
@@ -53,7 +55,7 @@ def timer(device: torch.device, fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
-def bench(spec: str, x: torch.Tensor, reps: int, clone_s: float) -> dict:
+def bench(spec: str, x: torch.Tensor, reps: int, clone_s: float, copy_s: float) -> dict:
     op = ppc.build(spec)
     ctx = ppc.Context(training=False)
     payload = op.compress(x, ctx)
@@ -63,7 +65,7 @@ def bench(spec: str, x: torch.Tensor, reps: int, clone_s: float) -> dict:
     nbytes = x.numel() * x.element_size()
     err = float((x.double() - y.double()).norm() / x.double().norm())
     row = {"spec": spec, "compress_ms": enc * 1e3, "decompress_ms": dec * 1e3, "codec_GBps": nbytes / (enc + dec) / 1e9,
-           "vs_clone": clone_s / (enc + dec), "ratio": nbytes / payload.nbytes, "rel_error": err, "topk_ms": None}
+           "vs_clone": clone_s / (enc + dec), "vs_copy": copy_s / (enc + dec), "ratio": nbytes / payload.nbytes, "rel_error": err, "topk_ms": None}
     if spec.startswith("topk:"):
         ratio = float(spec.split(":")[1].split(">")[0])
         flat = x.reshape(x.shape[0], -1)
@@ -87,14 +89,17 @@ def main() -> None:
         shape = tuple(int(v) for v in shape_s.split("x"))
         for dname in args.dtype or list(DTYPES):
             x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=DTYPES[dname])
-            clone_s = timer(device, x.clone, args.reps)
+            dst = torch.empty_like(x)
+            clone_s, copy_s = timer(device, x.clone, args.reps), timer(device, lambda: dst.copy_(x), args.reps)
             nbytes = x.numel() * x.element_size()
-            print(f"{shape_s} {dname}: clone {clone_s * 1e3:.2f} ms = {nbytes / clone_s / 1e9:.2f} GB/s", flush=True)
+            print(f"{shape_s} {dname}: clone {clone_s * 1e3:.2f} ms = {nbytes / clone_s / 1e9:.2f} GB/s, "
+                  f"copy_ {copy_s * 1e3:.2f} ms = {nbytes / copy_s / 1e9:.2f} GB/s", flush=True)
             for spec in args.spec or SPECS:
-                r = {"shape": shape_s, "dtype": dname, "clone_GBps": nbytes / clone_s / 1e9, **bench(spec, x, args.reps, clone_s)}
+                r = {"shape": shape_s, "dtype": dname, "clone_GBps": nbytes / clone_s / 1e9, "copy_GBps": nbytes / copy_s / 1e9,
+                     **bench(spec, x, args.reps, clone_s, copy_s)}
                 rows.append(r)
                 print(f"  {spec:22s} enc {r['compress_ms']:8.2f} ms  dec {r['decompress_ms']:8.2f} ms  "
-                      f"{r['codec_GBps']:6.2f} GB/s ({r['vs_clone']:.0%} of clone)  ratio {r['ratio']:5.2f}x"
+                      f"{r['codec_GBps']:6.2f} GB/s ({r['vs_clone']:.0%} of clone, {r['vs_copy']:.0%} of copy_)  ratio {r['ratio']:5.2f}x"
                       + (f"  torch.topk {r['topk_ms']:.2f} ms" if r["topk_ms"] else ""), flush=True)
     out = args.out or ROOT / "benchmarks" / "results" / f"ops_{device.type}"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -103,21 +108,21 @@ def main() -> None:
         w.writeheader()
         w.writerows(rows)
     lines = [f"Device: {device} ({torch.get_num_threads()} threads), torch {torch.__version__}; medians of {args.reps} runs.", "",
-             "| shape | dtype | spec | clone GB/s | compress ms | decompress ms | codec GB/s | vs clone | torch.topk ms | ratio | rel. error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| shape | dtype | spec | clone GB/s | copy_ GB/s | compress ms | decompress ms | codec GB/s | vs clone | vs copy_ | torch.topk ms | ratio | rel. error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         topk = f"{r['topk_ms']:.2f}" if r["topk_ms"] else ""
-        lines.append(f"| {r['shape']} | {r['dtype']} | `{r['spec']}` | {r['clone_GBps']:.2f} | {r['compress_ms']:.2f} | "
-                     f"{r['decompress_ms']:.2f} | {r['codec_GBps']:.2f} | {r['vs_clone']:.0%} | {topk} | {r['ratio']:.2f}x | {r['rel_error']:.4f} |")
+        lines.append(f"| {r['shape']} | {r['dtype']} | `{r['spec']}` | {r['clone_GBps']:.2f} | {r['copy_GBps']:.2f} | {r['compress_ms']:.2f} | "
+                     f"{r['decompress_ms']:.2f} | {r['codec_GBps']:.2f} | {r['vs_clone']:.0%} | {r['vs_copy']:.0%} | {topk} | {r['ratio']:.2f}x | {r['rel_error']:.4f} |")
     lines += ["", "Targets (issue 6): int8 quantize + dequantize >= 25% of clone throughput; TopK (compress + decompress) "
-              "within 3x of torch.topk itself.", "", "| shape | dtype | int8 vs clone | int8:compile vs clone | topk:0.1 / torch.topk |",
-              "|---|---|---|---|---|"]
+              "within 3x of torch.topk itself.", "", "| shape | dtype | int8 vs clone | int8 vs copy_ | int8:compile vs clone | topk:0.1 / torch.topk |",
+              "|---|---|---|---|---|---|"]
     for key in dict.fromkeys((r["shape"], r["dtype"]) for r in rows):
         got = {r["spec"]: r for r in rows if (r["shape"], r["dtype"]) == key}
-        pct = lambda spec: f"{got[spec]['vs_clone']:.0%}" if spec in got else ""  # noqa: E731
+        pct = lambda spec, ref="vs_clone": f"{got[spec][ref]:.0%}" if spec in got else ""  # noqa: E731
         tk = got.get("topk:0.1")
         over = f"{(tk['compress_ms'] + tk['decompress_ms']) / tk['topk_ms']:.2f}x" if tk else ""
-        lines.append(f"| {key[0]} | {key[1]} | {pct('int8')} | {pct('int8:compile')} | {over} |")
+        lines.append(f"| {key[0]} | {key[1]} | {pct('int8')} | {pct('int8', 'vs_copy')} | {pct('int8:compile')} | {over} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out.with_suffix('.md')}")
 

@@ -84,6 +84,22 @@ def test_nonfinite_policy(bad):
     assert torch.equal(y.isnan(), x.isnan()) and torch.equal(y.isinf(), x.isinf())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_has_nonfinite_is_exact_also_when_the_sum_overflows(dtype):
+    from pp_compress.ops.base import has_nonfinite
+
+    # finite values whose sum overflows the dtype
+    big = torch.full((70_000,), 60_000.0, dtype=dtype) if dtype == torch.float16 else torch.full((16,), 3e38, dtype=dtype)
+    assert not bool(torch.isfinite(big.sum())) and not has_nonfinite(big)
+    assert not has_nonfinite(torch.randn(3, 5).to(dtype))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for x in (torch.randn(3, 5).to(dtype), big.clone()):
+            x.view(-1)[7] = bad
+            assert has_nonfinite(x), (dtype, bad)
+    pair = torch.tensor([float("inf"), float("-inf"), 1.0], dtype=dtype)  # sums to NaN
+    assert has_nonfinite(pair)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     spec=st.sampled_from(OP_SPECS),
