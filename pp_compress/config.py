@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .feedback import FEEDBACKS, WRAPPERS
-from .ops import OP_CONFIGS
+from .ops import op_configs
 from .ops.base import NONFINITE_POLICIES, Compressor, OpConfig, format_op
 from .ops.chain import Chain
 
-SPEC_FORMS = "op[:args][>op[:args]][+ef|+ef21|+aqsgd], op one of: " + "; ".join(c.FORMS for c in OP_CONFIGS)
+SPEC_FORMS = "op[:args][>op[:args]][+ef|+ef21|+aqsgd], op one of: " + "; ".join(c.FORMS for c in op_configs())
 
 
 def _accepted() -> str:
-    return "accepted operators: " + "; ".join(c.FORMS for c in OP_CONFIGS) + "; feedback suffix: +" + ", +".join(FEEDBACKS)
+    return "accepted operators: " + "; ".join(c.FORMS for c in op_configs()) + "; feedback suffix: +" + ", +".join(FEEDBACKS)
 
 
 def _convert(raw: str, typ: Any, token: str, forms: str) -> Any:
@@ -48,12 +48,12 @@ def _convert(raw: str, typ: Any, token: str, forms: str) -> Any:
 def parse_op(token: str) -> OpConfig:
     """One operator, e.g. `int4:per=block64:asym`."""
     name, *args = token.strip().split(":")
-    for cls in OP_CONFIGS:
-        preset = cls.from_name(name)
-        if preset is not None:
-            break
-    else:
+    matches = [(cls, preset) for cls in op_configs() if (preset := cls.from_name(name)) is not None]
+    if not matches:
         raise ValueError(f"unknown operator {name!r} in {token!r}; {_accepted()}")
+    if len(matches) > 1:
+        raise TypeError(f"operator name {name!r} is claimed by {[c.__qualname__ for c, _ in matches]}")
+    cls, preset = matches[0]
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     kwargs: dict[str, Any] = dict(preset)
@@ -63,6 +63,8 @@ def parse_op(token: str) -> OpConfig:
             key, raw = arg.split("=", 1)
         elif arg in names and hints[arg] is bool:
             key, raw = arg, "true"
+        elif arg in cls.FLAGS:
+            key, raw = arg, cls.FLAGS[arg]
         elif cls.POSITIONAL and not positional_used:
             key, raw, positional_used = cls.POSITIONAL, arg, True
         else:
@@ -70,7 +72,7 @@ def parse_op(token: str) -> OpConfig:
         if key not in names or key in preset:
             raise ValueError(f"unknown option {key!r} in {token!r}; accepted forms: {cls.FORMS}")
         kwargs[key] = _convert(raw, hints[key], token, cls.FORMS)
-    if cls.POSITIONAL and cls.POSITIONAL not in kwargs and cls.NAME in ("topk", "randk", "lowrank"):
+    if cls.POSITIONAL_REQUIRED and cls.POSITIONAL not in kwargs:
         raise ValueError(f"{token!r} needs a value, e.g. {cls.FORMS.split('[')[0]}")
     try:
         return cls(**kwargs)
@@ -89,7 +91,7 @@ class CompressorSpec:
 
     def __post_init__(self) -> None:
         if not self.ops:
-            object.__setattr__(self, "ops", (OP_CONFIGS[0](),))
+            object.__setattr__(self, "ops", (parse_op("identity"),))
         if self.feedback is not None and self.feedback not in FEEDBACKS:
             raise ValueError(f"feedback {self.feedback!r}; accepted: {', '.join(FEEDBACKS)}")
 

@@ -5,6 +5,11 @@ State is keyed explicitly by `ctx.key` (boundary, direction, micro-batch slot) o
 one process holds only one side of a boundary, while the in-process boundary holds both, which must
 stay bit-identical. With `ctx.training == False` the wrappers compress plainly and touch no state.
 
+States are kept in fp32 (float64 input: float64) whatever the input dtype. What the inner operator gets, x + e
+or x - g, is computed there and cast back to the input dtype; where it exceeds that dtype's finite range (fp16
+near 65504) it is clipped, the clipped part stays in the state (EF's residual, EF21's and AQ-SGD's distance to
+x) and is sent on later steps, and `saturated` counts the clipped elements (the pipeline reports it per boundary).
+
   EF     c = C(x + e);  e <- x + e - D(c)                  sender only; the payload is C's
   EF21   c = C(x - g);  g <- g + D(c); output g            g mirrored on both sides
   AQSGD  per sample s: first visit sends x raw, then c = C(x - m_s); m_s <- m_s + D(c)
@@ -18,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .ops.base import Compressor, Context, Layout, Payload, TensorSpec
+from .ops.base import Compressor, Context, Layout, Payload, TensorSpec, saturate
 
 FEEDBACKS = ("ef", "ef21", "aqsgd")
 
@@ -26,6 +31,13 @@ FEEDBACKS = ("ef", "ef21", "aqsgd")
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """Residuals/states keep at least fp32 precision (float64 stays float64)."""
     return torch.promote_types(dtype, torch.float32)
+
+
+def _fit(wrapper: Compressor, x: Tensor, dtype: torch.dtype) -> Tensor:
+    """x (acc dtype) as the inner operator's input in `dtype`, clipped to its range and counted."""
+    out, clipped = saturate(x, dtype)
+    wrapper.saturated += clipped
+    return out
 
 
 def _copy(tree: dict[Any, Any]) -> dict[Any, Any]:
@@ -76,7 +88,7 @@ class EF(_Wrapper):
         if not ctx.training:
             return self.inner.encode(x, ctx)
         corrected = x.to(_acc_dtype(x.dtype)) + self._state(self.send, ctx, x)  # x.shape
-        payload = self.inner.encode(corrected.to(x.dtype), ctx)
+        payload = self.inner.encode(_fit(self, corrected, x.dtype), ctx)
         self.send[ctx.key] = corrected - self.inner.decode(payload, ctx).to(corrected.dtype)
         return payload
 
@@ -96,7 +108,7 @@ class EF21(_Wrapper):
         if not ctx.training:
             return self.inner.encode(x, ctx)
         g = self._state(self.send, ctx, x)  # x.shape, acc dtype
-        payload = self.inner.encode((x.to(g.dtype) - g).to(x.dtype), ctx)
+        payload = self.inner.encode(_fit(self, x.to(g.dtype) - g, x.dtype), ctx)
         self.send[ctx.key] = g + self.inner.decode(payload, ctx).to(g.dtype)
         return payload
 
@@ -158,8 +170,9 @@ class AQSGD(_Wrapper):
             return self.inner.encode(x, ctx)
         ids, old, new = self._split(ctx, tuple(x.shape), self.send)
         buf = self.send.setdefault(ctx.sample_key, {})
-        base = torch.stack([buf[ids[i]] for i in old]) if old else x.new_zeros((0,) + x.shape[1:])  # (n_old, ...)
-        delta = (x[old].to(_acc_dtype(x.dtype)) - base.to(_acc_dtype(x.dtype))).to(x.dtype)  # (n_old, ...)
+        acc = _acc_dtype(x.dtype)
+        base = torch.stack([buf[ids[i]] for i in old]) if old else x.new_zeros((0,) + x.shape[1:], dtype=acc)  # (n_old, ...)
+        delta = _fit(self, x[old].to(acc) - base, x.dtype)  # (n_old, ...)
         inner = self.inner.encode(delta, self._sub(ctx, old))
         self._update(buf, ids, old, new, base, self.inner.decode(inner, self._sub(ctx, old)), x[new])
         return Payload((x[new].contiguous(),) + inner.tensors, x.shape, x.dtype)
@@ -172,7 +185,7 @@ class AQSGD(_Wrapper):
         raw, rest = payload.tensors[0], payload.tensors[1:]
         shape = torch.Size((len(old),) + tuple(payload.shape[1:]))
         delta = self.inner.decode(Payload(tuple(rest), shape, payload.dtype), self._sub(ctx, old))
-        base = torch.stack([buf[ids[i]] for i in old]) if old else delta
+        base = torch.stack([buf[ids[i]] for i in old]) if old else delta.to(_acc_dtype(delta.dtype))
         return self._update(buf, ids, old, new, base, delta, raw)
 
     def estimate(self, payload: Payload, ctx: Context | None = None) -> Tensor:
@@ -180,22 +193,23 @@ class AQSGD(_Wrapper):
         if not ctx.training:
             return self.inner.estimate(payload, ctx)
         buf = self.send[ctx.sample_key]  # holds this batch's reconstructions, identical to the receiver's
-        return torch.stack([buf[i] for i in self._ids(ctx, payload.shape[0])])
+        return torch.stack([buf[i] for i in self._ids(ctx, payload.shape[0])]).to(payload.dtype)
 
     @staticmethod
     def _update(
         buf: dict[int, Tensor], ids: list[int], old: list[int], new: list[int], base: Tensor, delta: Tensor, raw: Tensor
     ) -> Tensor:
-        """Store new reconstructions in `buf` (same arithmetic on both sides) and return the batch."""
+        """Store new reconstructions in `buf` (acc dtype, same arithmetic on both sides) and return the batch in
+        the input dtype."""
         acc = _acc_dtype(raw.dtype)
-        recon_old = (base.to(acc) + delta.to(acc)).to(raw.dtype)  # (n_old, ...)
+        recon_old = base.to(acc) + delta.to(acc)  # (n_old, ...)
         out = raw.new_empty((len(ids),) + tuple(raw.shape[1:]))
-        out[old] = recon_old
+        out[old] = recon_old.to(raw.dtype)
         out[new] = raw
         for j, i in enumerate(old):
             buf[ids[i]] = recon_old[j].clone()
         for j, i in enumerate(new):
-            buf[ids[i]] = raw[j].clone()
+            buf[ids[i]] = raw[j].to(acc, copy=True)
         return out
 
 

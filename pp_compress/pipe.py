@@ -92,6 +92,7 @@ class StageCompression:
             t1 = time.perf_counter()
             send_fn(buf)
             stats.record(raw, buf.numel(), compress_s=t1 - t0)
+            stats.saturated = op.saturated  # cumulative per operator, and one operator per boundary and direction
             if self.cfg.error_every and micro_batch == 0 and step % self.cfg.error_every == 0:
                 stats.record_error(t, op.estimate(payload, ctx))
 

@@ -19,6 +19,8 @@ class DirectionStats:
     decompress_s: float = 0.0
     err_sq: float = 0.0
     ref_sq: float = 0.0
+    saturated: int = 0
+    """Elements an error-feedback wrapper clipped to the input dtype's range (its state keeps the rest)."""
 
     @property
     def ratio(self) -> float:
@@ -51,6 +53,7 @@ class DirectionStats:
             "rel_error": round(self.rel_error, 6),
             "compress_s": round(self.compress_s, 6),
             "decompress_s": round(self.decompress_s, 6),
+            "saturated": self.saturated,
         }
 
 

@@ -1,13 +1,26 @@
-"""Compression operators: one small module per family, each pure (see ops/base.py)."""
-from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec, layout_nbytes
-from .cast import CastConfig
-from .fp8 import Fp8Config
-from .lowrank import LowRankConfig
-from .quant import IntQuantConfig
-from .randk import RandKConfig
-from .topk import TopKConfig
+"""Compression operators: one small module per family, each pure (see ops/base.py).
 
-OP_CONFIGS: tuple[type[OpConfig], ...] = (CastConfig, IntQuantConfig, Fp8Config, TopKConfig, RandKConfig, LowRankConfig)
+Every module of this package is imported here, and each operator config registers itself when its class is
+defined (`OpConfig.__init_subclass__`), so adding an operator is adding its module: no list to edit.
+"""
+import importlib
+import pkgutil
 
-__all__ = ["OP_CONFIGS", "CastConfig", "Compressor", "Context", "Fp8Config", "IntQuantConfig", "Layout",
-           "LowRankConfig", "OpConfig", "Payload", "RandKConfig", "TensorSpec", "TopKConfig", "layout_nbytes"]
+from .base import REGISTRY, Compressor, Context, Layout, OpConfig, Payload, TensorSpec, layout_nbytes
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+
+def op_configs() -> tuple[type[OpConfig], ...]:
+    """The registered operator configs, in registration (module name) order."""
+    return tuple(REGISTRY.values())
+
+
+def example_specs() -> list[str]:
+    """Every registered operator's EXAMPLES: what the contract and property tests run."""
+    return [spec for cls in op_configs() for spec in cls.EXAMPLES]
+
+
+__all__ = ["REGISTRY", "Compressor", "Context", "Layout", "OpConfig", "Payload", "TensorSpec", "example_specs",
+           "layout_nbytes", "op_configs"]

@@ -109,17 +109,38 @@ class Context:
         return dataclasses.replace(self, **changes)
 
 
+REGISTRY: dict[str, type["OpConfig"]] = {}
+"""Every operator config by NAME, filled as each operator module is imported (see `OpConfig.__init_subclass__`)."""
+
+
 class OpConfig:
     """Base of the operator configs (frozen dataclasses). See `pp_compress.config` for the grammar.
 
-    Subclasses set NAME (the spec name), POSITIONAL (the field a bare `name:value` sets) and
-    implement `build()`; `names()` lists spellings such as int8 or fp16 and `from_name()` maps one to
-    preset fields.
+    Subclasses set NAME (the spec name), POSITIONAL (the field a bare `name:value` sets), EXAMPLES and implement
+    `build()`; `from_name()` maps a spelling such as int8 or fp16 to preset fields. Defining a subclass with a
+    NAME registers it: an operator is one module under pp_compress/ops/ and nothing else to edit.
     """
 
     NAME: ClassVar[str]
     POSITIONAL: ClassVar[str | None] = None
     FORMS: ClassVar[str] = ""
+    POSITIONAL_REQUIRED: ClassVar[bool] = False
+    """Whether a spec must give the POSITIONAL value (`topk` alone is an error, `topk:0.1` is not)."""
+    FLAGS: ClassVar[dict[str, str]] = {}
+    """Non-bool fields that a bare word sets, and to what: {"rot": "auto"} makes `int4:rot` mean `int4:rot=auto`."""
+    EXAMPLES: ClassVar[tuple[str, ...]] = ()
+    """Specs that together exercise every option that changes the encoding: the contract tests run each one."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("NAME")
+        if name is None:
+            return
+        if name in REGISTRY and REGISTRY[name].__qualname__ != cls.__qualname__:
+            raise TypeError(f"operator name {name!r} of {cls.__qualname__} is taken by {REGISTRY[name].__qualname__}")
+        if not cls.__dict__.get("EXAMPLES"):
+            raise TypeError(f"operator config {cls.__qualname__} must list EXAMPLES (specs the contract tests run)")
+        REGISTRY[name] = cls
 
     @classmethod
     def from_name(cls, name: str) -> dict[str, Any] | None:
@@ -141,6 +162,9 @@ class Compressor(abc.ABC):
             raise ValueError(f"nonfinite={nonfinite!r}; accepted: {', '.join(NONFINITE_POLICIES)}")
         self.config = config
         self.nonfinite = nonfinite
+        self.saturated = 0
+        """Elements clipped to the input dtype's finite range on the way into an inner operator (error-feedback
+        wrappers only; the clipped part stays in their fp32 state). Reported as `saturated` in the statistics."""
 
     # --- public API -------------------------------------------------------------------------
     def compress(self, x: Tensor, ctx: Context | None = None) -> Payload:
@@ -149,7 +173,19 @@ class Compressor(abc.ABC):
         return self.encode(x, ctx)
 
     def decompress(self, payload: Payload, ctx: Context | None = None) -> Tensor:
-        return self.decode(payload, ctx or Context())
+        """The receiver's tensor. Under nonfinite="raise" the sender's input was finite, so a NaN/Inf here means the
+        reconstruction does not fit the dtype (e.g. unbiased RandK's n/k rescaling of fp16 values near its max):
+        FloatingPointError naming the boundary, never a silent inf."""
+        ctx = ctx or Context()
+        out = self.decode(payload, ctx)
+        if self.nonfinite == "raise" and out.numel() and has_nonfinite(out):
+            raise FloatingPointError(
+                f"{ctx.name}: {self.spec} decoded finite input to {int((~torch.isfinite(out)).sum())} NaN/Inf value(s) "
+                f"at step {ctx.step}: the reconstruction does not fit {payload.dtype} (largest finite "
+                f"{torch.finfo(payload.dtype).max:.4g}); send this tensor in a wider dtype or use an operator whose "
+                "output stays within the input's range"
+            )
+        return out
 
     def roundtrip(self, x: Tensor, ctx: Context | None = None) -> tuple[Tensor, Payload]:
         """compress + decompress in one process (what a sender/receiver pair does over the wire)."""
@@ -221,6 +257,15 @@ def check_input(x: Tensor, ctx: Context, nonfinite: str) -> None:
         )
 
 
+def saturate(x: Tensor, dtype: torch.dtype) -> tuple[Tensor, int]:
+    """x (a wider float) cast to `dtype` with values beyond its finite range clipped to +-max, and how many were."""
+    if dtype == x.dtype or torch.finfo(dtype).max >= torch.finfo(x.dtype).max:
+        return x.to(dtype), 0
+    top = torch.finfo(dtype).max
+    over = int((x.abs() > top).sum())
+    return (x.clamp(-top, top) if over else x).to(dtype), over
+
+
 def has_nonfinite(x: Tensor) -> bool:
     """Whether x holds NaN/Inf, in one fast reduction: any NaN/Inf makes the sum non-finite, and a finite sum
     proves there is none. The sum stays in x's dtype (fp32 accumulation inside; an fp32 copy of a bf16 tensor
@@ -241,6 +286,8 @@ def format_op(cfg: OpConfig) -> str:
             continue
         if f.name == cfg.POSITIONAL:
             parts.append(_fmt(value))
+        elif f.name in cfg.FLAGS and value == cfg.FLAGS[f.name]:
+            parts.append(f.name)
         elif value != f.default:
             parts.append(f.name if value is True else f"{f.name}={_fmt(value)}")
     return ":".join(parts)

@@ -1,10 +1,15 @@
-"""Bit packing of sub-byte codes with tensor ops (no Python loop over elements)."""
+"""Bit packing of codes of 1..8 bits with tensor ops (no Python loop over elements).
+
+Widths that divide 8 (1, 2, 4) pack whole codes into each byte; the others (3, 5, 6, 7) pack 8 codes into one
+64-bit word and keep its low `bits` bytes. Either way n codes take exactly ceil(n * bits / 8) bytes, first code
+in the lowest bits.
+"""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-PACKABLE_BITS = (1, 2, 4, 8)
+PACKABLE_BITS = (1, 2, 3, 4, 5, 6, 7, 8)
 # 1-bit packing with 64-bit multiplies (little-endian byte order, as torch views are on every supported platform)
 _GATHER = 0x0102040810204080  # byte i (bit 8i) -> bit 56 + i
 _SPREAD = 0x0101010101010101  # a byte into all 8 bytes of a word
@@ -23,6 +28,8 @@ def pack_bits(codes: Tensor, bits: int) -> Tensor:
     codes = codes.reshape(-1).to(torch.uint8)  # (n,)
     if bits == 8:
         return codes
+    if 8 % bits:
+        return _pack_words(codes, bits)
     per = 8 // bits
     pad = (-codes.numel()) % per
     if pad:
@@ -43,6 +50,8 @@ def unpack_bits(packed: Tensor, bits: int, n: int) -> Tensor:
         raise ValueError(f"bits={bits}; accepted: {PACKABLE_BITS}")
     if bits == 8:
         return packed[:n]
+    if 8 % bits:
+        return _unpack_words(packed, bits, n)
     per = 8 // bits
     if bits == 1:  # replicate each byte 8 times in an int64, keep bit i in byte i
         words = (packed.to(torch.int64) * _SPREAD) & _SELECT  # (nbytes,)
@@ -50,3 +59,28 @@ def unpack_bits(packed: Tensor, bits: int, n: int) -> Tensor:
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)  # (per,)
     codes = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # (nbytes, per)
     return codes.reshape(-1)[:n]
+
+
+def _shifts(bits: int, device: torch.device) -> Tensor:
+    return torch.arange(0, 8 * bits, bits, dtype=torch.int64, device=device)  # (8,)
+
+
+def _pack_words(codes: Tensor, bits: int) -> Tensor:
+    """8 codes -> one int64 word (disjoint bit ranges, so the sum is an OR) -> its low `bits` bytes."""
+    n = codes.numel()
+    pad = (-n) % 8
+    if pad:
+        codes = torch.cat([codes, codes.new_zeros(pad)])
+    words = (codes.view(-1, 8).to(torch.int64) << _shifts(bits, codes.device)).sum(1)  # (n / 8,)
+    packed = words.view(torch.uint8).view(-1, 8)[:, :bits].reshape(-1)  # (n / 8 * bits,), little-endian
+    return packed[: packed_nbytes(n, bits)]  # the bytes cut off hold padding codes only (zeros)
+
+
+def _unpack_words(packed: Tensor, bits: int, n: int) -> Tensor:
+    words = -(-n // 8)
+    grid = torch.zeros((words, 8), dtype=torch.uint8, device=packed.device)  # (words, 8): one int64 each
+    flat = torch.zeros(words * bits, dtype=torch.uint8, device=packed.device)
+    flat[: packed.numel()] = packed
+    grid[:, :bits] = flat.view(words, bits)
+    codes = (grid.view(torch.int64) >> _shifts(bits, packed.device)) & ((1 << bits) - 1)  # (words, 8)
+    return codes.to(torch.uint8).reshape(-1)[:n]

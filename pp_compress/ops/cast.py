@@ -18,6 +18,7 @@ class CastConfig(OpConfig):
 
     NAME: ClassVar[str] = "identity"
     FORMS: ClassVar[str] = "identity | none | fp16 | bf16"
+    EXAMPLES: ClassVar[tuple[str, ...]] = ("identity", "fp16", "bf16")
 
     to: str = "identity"
     """Wire dtype: identity (the input's own), fp16 or bf16."""

@@ -24,6 +24,7 @@ class Fp8Config(OpConfig):
     NAME: ClassVar[str] = "fp8"
     POSITIONAL: ClassVar[str | None] = "fmt"
     FORMS: ClassVar[str] = "fp8[:e4m3|e5m2][:per=tensor|row|block<N>][:scale=S]"
+    EXAMPLES: ClassVar[tuple[str, ...]] = ("fp8", "fp8:e5m2", "fp8:per=row", "fp8:per=block128:scale=bf16")
 
     fmt: str = "e4m3"
     """e4m3 (more mantissa, max 448) or e5m2 (more range, max 57344)."""

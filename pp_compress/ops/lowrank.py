@@ -6,6 +6,9 @@ into rows. Two methods:
          the same state key (sender-side state; both factors travel, so the receiver needs none).
   svd    randomized SVD (Halko et al.): `iters` power iterations on a Gaussian sketch of r + 4
          columns, then an exact SVD of the small projected matrix, truncated to r.
+Both methods work on M / max|M| (so products of values near the dtype's max cannot overflow fp32) and send each
+rank-one term with its magnitude split evenly between the factors, sqrt(sigma_i * max|M|) on each, so neither
+factor leaves the input dtype's range where the product does not.
 Wire: P (B, rows, r) and Q (B, cols, r) in the input dtype (compose `>int8` to quantize them).
 """
 from __future__ import annotations
@@ -29,6 +32,8 @@ class LowRankConfig(OpConfig):
     NAME: ClassVar[str] = "lowrank"
     POSITIONAL: ClassVar[str | None] = "rank"
     FORMS: ClassVar[str] = "lowrank:<rank>[:method=power|svd][:iters=N]"
+    POSITIONAL_REQUIRED: ClassVar[bool] = True
+    EXAMPLES: ClassVar[tuple[str, ...]] = ("lowrank:4", "lowrank:4:method=svd:iters=2")
 
     rank: int = 8
     """Rank r of the factorization (capped at min(rows, cols))."""
@@ -80,24 +85,30 @@ class LowRank(Compressor):
         b, rows, cols = matrix_dims(tuple(x.shape))
         r = self._rank(rows, cols)
         m = x.reshape(b, rows, cols).float()  # (B, rows, cols)
+        top = m.abs().amax()  # scalar
+        m = m / torch.where(top > 0, top, torch.ones_like(top))
         gen = ctx.generator(x.device, "lowrank")
         if self.config.method == "power":
             q0 = self.warm.get(ctx.key)
             if q0 is None or q0.shape != (b, cols, r) or q0.device != x.device:
                 q0 = torch.randn(b, cols, r, generator=gen, device=x.device)  # (B, cols, r)
-            p = torch.linalg.qr(m @ q0).Q  # (B, rows, r), orthonormal columns
-            q = m.transpose(1, 2) @ p  # (B, cols, r)
+            u = torch.linalg.qr(m @ q0).Q  # (B, rows, r), orthonormal columns
+            q = m.transpose(1, 2) @ u  # (B, cols, r)
             if ctx.training:
                 self.warm[ctx.key] = q
+            sigma = q.norm(dim=1)  # (B, r)
+            v = q / torch.where(sigma > 0, sigma, torch.ones_like(sigma))[:, None, :]  # (B, cols, r)
         else:
             sketch = torch.randn(b, cols, min(r + _OVERSAMPLE, cols), generator=gen, device=x.device)
             y = torch.linalg.qr(m @ sketch).Q  # (B, rows, r + p)
             for _ in range(self.config.iters):
                 y = torch.linalg.qr(m @ torch.linalg.qr(m.transpose(1, 2) @ y).Q).Q
             u, s, vh = torch.linalg.svd(y.transpose(1, 2) @ m, full_matrices=False)  # (B, r+p, r+p), (B, r+p), (B, r+p, cols)
-            p = (y @ u[:, :, :r]) * s[:, None, :r]  # (B, rows, r)
-            q = vh[:, :r, :].transpose(1, 2)  # (B, cols, r)
-        return Payload((p.to(x.dtype), q.to(x.dtype)), x.shape, x.dtype)
+            u = y @ u[:, :, :r]  # (B, rows, r)
+            sigma = s[:, :r]  # (B, r)
+            v = vh[:, :r, :].transpose(1, 2)  # (B, cols, r)
+        w = (sigma.sqrt() * top.sqrt())[:, None, :]  # (B, 1, r): sqrt(sigma_i * max|M|), never above fp32's range
+        return Payload(((u * w).to(x.dtype), (v * w).to(x.dtype)), x.shape, x.dtype)
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
         p, q = payload.tensors

@@ -1,10 +1,13 @@
-"""int<b>: uniform b-bit quantization (b in 1, 2, 4, 8), codes bit-packed on the wire.
+"""int<b>: uniform b-bit quantization (b in 1..8), codes bit-packed on the wire.
 
 Symmetric (default): levels -L..L with L = 2**(b-1) - 1 and scale = absmax / L per group (int8 codes travel
 as two's-complement bytes, narrower codes offset by +L and bit-packed); for b = 1
 the code is the sign and the scale is mean|x| (or absmax with stochastic rounding, which is then
 unbiased). Asymmetric (`asym`): 2**b levels from the group's min (zero point) to its max.
 Stochastic rounding (`stoch`) draws from the context's generator and is unbiased.
+Rotation (`rot`): a randomized Hadamard transform over blocks of the last dim before quantizing and its inverse
+after (ops/hadamard.py); the signs come from the context's generator, so the wire is the same as without it.
+It is linear, so stochastic rounding stays unbiased through it.
 Wire: ceil(n * b / 8) bytes of codes + one scale per group (+ one zero point if asym).
 """
 from __future__ import annotations
@@ -17,12 +20,14 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import Tensor
 
+from . import hadamard
 from .bits import pack_bits, packed_nbytes, unpack_bits
 from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
 from .groups import (PER_FORMS, SCALE_DTYPES, check_per, check_scale, from_groups, group_dims, round_down,
                      round_scale, to_groups)
 
-INT_BITS = (1, 2, 4, 8)
+INT_BITS = (1, 2, 3, 4, 5, 6, 7, 8)
+ROT_FORMS = "rot (auto) | rot=<power of two> | rot=off"
 
 
 @dataclass(frozen=True)
@@ -30,10 +35,18 @@ class IntQuantConfig(OpConfig):
     """Uniform integer quantization, e.g. `int8`, `int4:per=block64`, `int2:asym:stoch:scale=fp32`."""
 
     NAME: ClassVar[str] = "int"
-    FORMS: ClassVar[str] = f"int<b>[:per=P][:asym][:stoch][:scale=S][:compile], b in {INT_BITS}, P = {PER_FORMS}"
+    FORMS: ClassVar[str] = (f"int<b>[:per=P][:asym][:stoch][:rot[=N]][:scale=S][:compile], b in 1..8, "
+                            f"P = {PER_FORMS}")
+    FLAGS: ClassVar[dict[str, str]] = {"rot": "auto"}
+    EXAMPLES: ClassVar[tuple[str, ...]] = (
+        "int8", "int8:per=tensor", "int8:per=channel", "int4:per=block64", "int4:asym", "int2", "int2:asym:stoch",
+        "int1", "int1:stoch", "int8:scale=fp16", "int4:per=block32:scale=fp32", "int3", "int3:asym", "int5:stoch",
+        "int6:per=block64", "int7:asym:stoch", "int4:rot", "int3:rot:per=block64", "int8:rot", "int2:rot=4:stoch",
+        "int4:rot:asym:per=channel", "int1:rot",
+    )
 
     bits: int = 8
-    """Bits per code: 1, 2, 4 or 8."""
+    """Bits per code, 1..8."""
     per: str = "row"
     """Scale granularity: tensor, row (last dim), channel (per feature over the batch dim), block<N>."""
     asym: bool = False
@@ -43,6 +56,9 @@ class IntQuantConfig(OpConfig):
     scale: str = "bf16"
     """Dtype of scales and zero points on the wire: bf16 (default: fp32 range, so tiny gradients
     never underflow), fp16 (underflows below ~6e-8: avoid for gradients) or fp32."""
+    rot: str = "off"
+    """Randomized Hadamard rotation over blocks of the last dim: off; auto (bare `rot`: the largest power of two
+    up to 256 that divides the last dim); or a block size, a power of two >= 2 that must divide the last dim."""
     compile: bool = False
     """Run the symmetric round-to-nearest kernels through torch.compile (fused passes: ~3x faster int8
     encode on CPU, measured in benchmarks/ops.py); the first call per shape compiles. Where compiling
@@ -53,6 +69,17 @@ class IntQuantConfig(OpConfig):
             raise ValueError(f"int bits={self.bits}; accepted: {', '.join(map(str, INT_BITS))}")
         check_per(self.per)
         check_scale(self.scale)
+        if self.rot not in ("off", "auto") and not (self.rot.isdigit() and int(self.rot) >= 2
+                                                    and not int(self.rot) & (int(self.rot) - 1)):
+            raise ValueError(f"rot={self.rot!r}; accepted: {ROT_FORMS}")
+
+    def rot_block(self, shape: tuple[int, ...], where: str) -> int:
+        """Hadamard block size for a tensor of `shape` (0 = no rotation); ValueError where it cannot apply."""
+        if self.rot == "off":
+            return 0
+        n = hadamard.auto_block(shape[-1] if shape else 1) if self.rot == "auto" else int(self.rot)
+        hadamard.check_block(n, tuple(shape), f"{where}: int{self.bits}:rot={self.rot}")
+        return n
 
     @classmethod
     def from_name(cls, name: str) -> dict[str, Any] | None:
@@ -61,7 +88,7 @@ class IntQuantConfig(OpConfig):
             return None
         bits = int(m.group(1))
         if bits not in INT_BITS:
-            raise ValueError(f"unsupported bit width in {name!r}; accepted: int1, int2, int4, int8")
+            raise ValueError(f"unsupported bit width in {name!r}; accepted: int1 .. int8")
         return {"bits": bits}
 
     def spec_name(self) -> str:
@@ -85,6 +112,26 @@ class IntQuant(Compressor):
         return layout
 
     def _encode(self, x: Tensor, ctx: Context) -> Payload:
+        n = self.config.rot_block(tuple(x.shape), ctx.name)
+        if n:
+            y = hadamard.rotate(x, n, ctx.generator(x.device, "rot"))  # x.shape, fp32, a fresh tensor
+            p = Payload(self._quantize(y, ctx).tensors, x.shape, x.dtype)
+        else:
+            p = self._quantize(x, ctx)
+        if not all(bool(torch.isfinite(t).all()) for t in p.tensors[1:]):  # scales (and zero points): tiny
+            raise FloatingPointError(
+                f"{ctx.name}: {self.spec} scales overflow scale={self.config.scale} at step {ctx.step} (max |x| "
+                f"{float(x.abs().max()):.4g} in {x.dtype}); use scale=bf16 or scale=fp32")
+        return p
+
+    def _decode(self, payload: Payload, ctx: Context) -> Tensor:
+        n = self.config.rot_block(tuple(payload.shape), ctx.name)
+        if not n:
+            return self._dequantize(payload)
+        y = self._dequantize(Payload(payload.tensors, payload.shape, torch.float32))  # rotated values, fp32
+        return hadamard.unrotate(y, n, ctx.generator(y.device, "rot")).to(payload.dtype)
+
+    def _quantize(self, x: Tensor, ctx: Context) -> Payload:
         c = self.config
         sdt = SCALE_DTYPES[c.scale]
         if c.bits == 8 and not (c.asym or c.stoch or c.compile):  # the hot path: chunked, no fp32 copy of x
@@ -100,12 +147,14 @@ class IntQuant(Compressor):
         if c.asym:
             top = 2**c.bits - 1
             zero = round_down(lo, sdt)  # (groups,)
-            scale = round_scale((hi - zero.float()) / top, sdt)  # (groups,)
-            q = torch.sub(g, zero.float()[:, None]).div_(_safe(scale)[:, None])  # (groups, size), in [0, top]
-            codes = _round_(q, noise).clamp_(0, top) if c.stoch else _round_(q, noise)
+            # hi / top - zero / top, not (hi - zero) / top: the span of values near the dtype's max overflows
+            scale = round_scale(hi / top - zero.float() / top, sdt)  # (groups,)
+            inv = 1 / _safe(scale)  # (groups,)
+            q = torch.mul(g, inv[:, None]).sub_((zero.float() * inv)[:, None])  # (groups, size), in [0, top]
+            codes = _round_(q, noise).clamp_(0, top)  # the split division may land a rounding step outside
             extra: tuple[Tensor, ...] = (scale, zero)
         elif c.bits == 1:
-            scale = round_scale(torch.maximum(hi, -lo) if c.stoch else g.abs().mean(dim=1), sdt)  # (groups,)
+            scale = round_scale(torch.maximum(hi, -lo) if c.stoch else _abs_mean(g), sdt)  # (groups,)
             if noise is None:
                 codes = (g >= 0).float()
             else:  # P(+1) = (x / absmax + 1) / 2: unbiased
@@ -127,7 +176,7 @@ class IntQuant(Compressor):
         codes = from_groups(codes, tuple(x.shape), c.per).to(torch.uint8)  # x.shape
         return Payload((pack_bits(codes, c.bits),) + extra, x.shape, x.dtype)
 
-    def _decode(self, payload: Payload, ctx: Context) -> Tensor:
+    def _dequantize(self, payload: Payload) -> Tensor:
         c = self.config
         shape = tuple(payload.shape)
         numel = TensorSpec(shape, payload.dtype).numel
@@ -143,8 +192,9 @@ class IntQuant(Compressor):
                 g = sym_decode_int8(codes, scale, payload.dtype) if c.bits == 8 else sym_decode(codes, c.bits, scale, payload.dtype)
             return from_groups(g, shape, c.per)
         g = to_groups(codes, c.per).float()  # (groups, size), a fresh fp32 tensor: updated in place below
-        if c.asym:
-            g.mul_(scale).add_(payload.tensors[2].float()[:, None])
+        if c.asym:  # zero + code * scale as mid + (code - top / 2) * scale: no overflow near the dtype's max
+            half = (2**c.bits - 1) / 2
+            g.sub_(half).mul_(scale).add_(payload.tensors[2].float()[:, None] + half * scale)
         else:
             g.mul_(2).sub_(1).mul_(scale)
         return from_groups(g, shape, c.per).to(payload.dtype)
@@ -236,6 +286,15 @@ class Compiled:
 
 
 _SYM_ENCODE, _SYM_DECODE = Compiled(sym_encode), Compiled(sym_decode)
+
+
+def _abs_mean(g: Tensor) -> Tensor:
+    """mean |g| per row of fp32 groups (groups, size); rows whose sum overflows fp32 are redone scaled by their max."""
+    mean = g.abs().mean(dim=1)  # (groups,)
+    if bool(torch.isfinite(mean).all()):
+        return mean
+    top = g.abs().amax(dim=1)  # (groups,)
+    return (g.abs() / _safe(top)[:, None]).mean(dim=1) * top
 
 
 def _safe(scale: Tensor) -> Tensor:

@@ -24,6 +24,8 @@ class RandKConfig(OpConfig):
     NAME: ClassVar[str] = "randk"
     POSITIONAL: ClassVar[str | None] = "ratio"
     FORMS: ClassVar[str] = f"randk:<ratio in (0,1]>[:per={'|'.join(SPARSE_PER)}][:unbiased]"
+    POSITIONAL_REQUIRED: ClassVar[bool] = True
+    EXAMPLES: ClassVar[tuple[str, ...]] = ("randk:0.1", "randk:0.2:unbiased:per=row")
 
     ratio: float = 0.1
     """Fraction of each group's elements that is kept."""

@@ -27,6 +27,9 @@ class TopKConfig(OpConfig):
     NAME: ClassVar[str] = "topk"
     POSITIONAL: ClassVar[str | None] = "ratio"
     FORMS: ClassVar[str] = f"topk:<ratio in (0,1]>[:per={'|'.join(SPARSE_PER)}][:index={'|'.join(INDEX_MODES)}]"
+    POSITIONAL_REQUIRED: ClassVar[bool] = True
+    EXAMPLES: ClassVar[tuple[str, ...]] = ("topk:0.1", "topk:0.3:per=row", "topk:0.05:per=tensor", "topk:0.5:index=bitmap",
+                                           "topk:0.01:index=index")
 
     ratio: float = 0.1
     """Fraction of each group's elements that is kept."""

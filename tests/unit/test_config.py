@@ -66,7 +66,7 @@ def test_dataclass_accepts_strings_and_is_frozen():
         ("topk:-0.1", "topk:-0.1"),
         ("topk:abc", "'abc'"),
         ("topk", "'topk'"),
-        ("int3", "int3"),
+        ("int9", "int9"),
         ("int8+efx", "'efx'"),
         ("int8+ef+ef21", "feedback"),
         ("act=int8,,grad=int8", "empty item"),

@@ -14,6 +14,12 @@ import pp_compress as ppc
         ("int2:per=block128", 2 + 16 / 128),
         ("int1:per=block256:scale=fp32", 1 + 32 / 256),
         ("int8:per=channel", 8 + 16 / 64),  # one scale per feature position over a batch of 64
+        ("int3", 3 + 16 / 1024),
+        ("int3:per=block64:asym", 3 + 32 / 64),
+        ("int5:per=block64", 5 + 16 / 64),
+        ("int6:scale=fp32", 6 + 32 / 1024),
+        ("int7:per=tensor", 7 + 16 / (64 * 1024)),
+        ("int4:rot:per=block64:scale=fp16", 4 + 16 / 64),  # rot sends nothing extra
     ],
 )
 def test_bits_per_element_is_what_the_encoding_promises(spec, bits_per_element):
@@ -29,7 +35,7 @@ def test_sub_byte_codes_are_really_packed():
     assert ppc.build("int1:per=tensor").compress(x).tensors[0].numel() == 125
 
 
-@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("bits", [8, 7, 6, 5, 4, 3, 2])
 @pytest.mark.parametrize("asym", [False, True])
 def test_deterministic_error_is_within_half_a_step(bits, asym):
     x = torch.randn(16, 256)
@@ -53,6 +59,53 @@ def test_stochastic_rounding_is_unbiased(spec):
     assert (mean - x).abs().mean() < spread / n**0.5
 
 
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_stochastic_rounding_stays_unbiased_through_the_rotation(bits):
+    """rotate -> stochastic rounding -> inverse rotation: E[x_hat] = x (the rotation is linear). The signs change
+    with the step, so the mean over steps also averages over rotations."""
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(2))
+    x[:, 3] *= 8  # an outlier channel
+    op = ppc.build(f"int{bits}:rot:stoch:scale=fp32")
+    n = 3000
+    mean = sum(op.roundtrip(x, ppc.Context(step=i))[0] for i in range(n)) / n
+    # one rotated code's error is at most one step = absmax(rotated row) / L <= ||row|| / L; the mean of n draws has
+    # standard error below that / sqrt(n)
+    step = x.norm(dim=1, keepdim=True) / (2 ** (bits - 1) - 1)  # (4, 1)
+    z = (mean - x) / (step / n**0.5)  # standardized errors, |z| < 5 except with negligible probability
+    assert float(z.abs().max()) < 5
+    det = ppc.build(f"int{bits}:rot:scale=fp32")
+    bias = sum(det.roundtrip(x, ppc.Context(step=i))[0] for i in range(200)) / 200 - x
+    assert float((mean - x).norm()) < 0.5 * float(bias.norm()) or float((mean - x).norm()) < 0.02 * float(x.norm())
+
+
+def test_rotation_keeps_the_bytes_and_is_no_worse_where_nothing_needs_spreading():
+    """int8 with fp32 scales is close to lossless: rot must not make it worse (gaussian rows)."""
+    x = torch.randn(16, 8, 256, generator=torch.Generator().manual_seed(3))
+    plain, rot = ppc.build("int8:scale=fp32"), ppc.build("int8:scale=fp32:rot")
+    (y0, p0), (y1, p1) = plain.roundtrip(x), rot.roundtrip(x)
+    assert p0.layout == p1.layout == rot.wire_layout(x.shape, x.dtype)
+    e0, e1 = float((y0 - x).norm() / x.norm()), float((y1 - x).norm() / x.norm())
+    assert e1 <= e0 * 1.05, (e0, e1)
+
+
+@pytest.mark.parametrize("bits", [3, 4, 8])
+def test_rotation_cuts_the_error_of_outlier_channels(bits):
+    x = torch.randn(32, 768, generator=torch.Generator().manual_seed(4))
+    x[:, [5, 300, 601]] *= 40
+    err = lambda spec: float((ppc.build(spec).roundtrip(x)[0] - x).norm() / x.norm())  # noqa: E731
+    assert err(f"int{bits}:rot") < 0.6 * err(f"int{bits}")
+
+
+def test_rot_block_sizes_and_dtypes():
+    x = torch.randn(2, 3, 192, dtype=torch.bfloat16)
+    for spec in ["int4:rot", "int4:rot=64", "int4:rot=2", "int4:rot=32:per=block32"]:
+        y, _ = ppc.build(spec).roundtrip(x, ppc.Context(step=1))
+        assert y.dtype == x.dtype and y.shape == x.shape
+        assert float((y.float() - x.float()).norm() / x.float().norm()) < 0.2, spec
+    with pytest.raises(ValueError, match=r"block 128 does not fit tensor shape \(2, 3, 192\)"):
+        ppc.build("int4:rot=128").compress(x)
+
+
 def test_deterministic_rounding_is_biased_where_stochastic_is_not():
     x = torch.full((1, 64), 0.3)
     x[0, 0] = 1.0
@@ -67,7 +120,7 @@ def test_tiny_gradients_survive_default_bf16_scales_but_not_fp16():
     assert rel("int8:scale=fp16") > 0.5  # fp16 scales underflow: documented, not the default
 
 
-@pytest.mark.parametrize("bad", ["int3", "int16", "int8:per=block0", "int8:per=col", "int8:scale=fp64", "int8:foo=1", "int8:0.5"])
+@pytest.mark.parametrize("bad", ["int9", "int0", "int4:rot=3", "int4:rot=0", "int4:rot=x", "int16", "int8:per=block0", "int8:per=col", "int8:scale=fp64", "int8:foo=1", "int8:0.5"])
 def test_bad_specs_name_the_token(bad):
     with pytest.raises(ValueError) as e:
         ppc.build(bad)

@@ -1,0 +1,107 @@
+"""Randomized Hadamard rotation over blocks of the last dim (QuaRot / TAH-Quant style).
+
+`rotate(x, n, gen)` multiplies the last dim by random signs D (one per position, drawn from `gen`) and applies
+the orthonormal Walsh-Hadamard transform H_n to each block of n consecutive positions: y = H_n D x. Both factors
+are orthogonal and H_n is symmetric, so `unrotate(y, n, gen)` = D H_n y is the exact inverse, and a sender and a
+receiver that derive `gen` from the same Context agree on D without sending it.
+
+Why: an outlier channel holds most of a row's absmax, so a low-bit grid scaled to it rounds every other value to
+a few levels. After the rotation each block's energy is spread over all n outputs, so the absmax falls towards
+the block's RMS and the grid fits the bulk of the values.
+
+The transform is a butterfly: H_n = H_(n/r) (x) H_r. The lowest r = min(n, 64) positions of each block go through
+one small dense matmul (a radix-r stage: fast GEMM work), then each higher bit of the position index takes one
+add/subtract butterfly level: O(n (r + log2(n / r))) work, never a dense n x n product for large blocks. On CPU it
+runs over chunks of rows that stay in cache (as the int8 kernels do); on CUDA in one shot. Plain torch ops.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import Tensor
+
+MAX_AUTO_BLOCK = 256
+"""`rot` (auto) uses the largest power of two up to this that divides the last dim."""
+
+
+def auto_block(last: int) -> int:
+    """Largest power of two <= MAX_AUTO_BLOCK dividing `last` (1 when `last` is odd)."""
+    n = 1
+    while n < MAX_AUTO_BLOCK and last % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def check_block(n: int, shape: tuple[int, ...], where: str) -> None:
+    """ValueError unless n is a power of two >= 2 that divides the last dim of `shape`."""
+    last = shape[-1] if shape else 1
+    if n < 2 or n & (n - 1) or last % n:
+        raise ValueError(f"{where}: Hadamard rotation block {n} does not fit tensor shape {tuple(shape)}: it must be a "
+                         f"power of two >= 2 that divides the last dim ({last}); accepted for this shape: "
+                         f"{_fitting(last) or 'none (odd last dim): use a spec without rot'}")
+
+
+def _fitting(last: int) -> str:
+    return ", ".join(str(1 << i) for i in range(1, int(math.log2(max(last, 1))) + 1) if last % (1 << i) == 0)
+
+
+_RADIX = 64
+_CHUNK = 1 << 17  # elements per CPU chunk: 512 KiB of fp32 per temporary, reused from cache
+
+
+@functools.lru_cache(maxsize=64)
+def _hadamard(r: int, device: torch.device) -> Tensor:
+    """Orthonormal Sylvester Hadamard matrix H_r / sqrt(r), fp32 (symmetric, its own inverse)."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < r:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h / math.sqrt(r)).to(device)
+
+
+def _fwht_rows(y: Tensor, n: int, d: Tensor | None) -> Tensor:
+    """H_n (D y) for rows y (rows, n) whose sign pattern repeats every d.shape[0] rows (d: (period, n) or None)."""
+    if d is not None:
+        y = (y.view(-1, d.shape[0], n) * d).view(-1, n)  # (rows, n), a new tensor
+    r = min(n, _RADIX)
+    y = torch.mm(y.reshape(-1, r), _hadamard(r, y.device)).view(-1, n)  # radix-r stage on the lowest digit
+    h, half = r, math.sqrt(0.5)
+    while h < n:  # one butterfly level per higher bit of the index
+        v = y.view(-1, 2, h)  # (blocks, 2, h)
+        a, b = v[:, 0], v[:, 1]
+        y = torch.stack([a + b, a - b], 1).mul_(half).view(-1, n)
+        h *= 2
+    return y
+
+
+def fwht(x: Tensor, n: int, d: Tensor | None = None) -> Tensor:
+    """Orthonormal Walsh-Hadamard transform of every block of n along the last dim of `x` (fp32), after multiplying
+    the last dim by `d` (fp32 signs of shape (last,), or None). Returns a new fp32 tensor of x's shape."""
+    last = x.shape[-1]
+    y = x.reshape(-1, n)  # (blocks, n)
+    dv = d.view(last // n, n) if d is not None else None  # (blocks per row, n)
+    period = last // n
+    rows = max(period, _CHUNK // n // period * period)  # whole rows of x per chunk, so the signs line up
+    if x.device.type != "cpu" or y.shape[0] <= rows:
+        return _fwht_rows(y.float(), n, dv).view(x.shape)
+    out = torch.empty(y.shape, dtype=torch.float32, device=x.device)  # (blocks, n)
+    for i in range(0, y.shape[0], rows):
+        out[i:i + rows] = _fwht_rows(y[i:i + rows].float(), n, dv)
+    return out.view(x.shape)
+
+
+def signs(last: int, gen: torch.Generator, device: torch.device) -> Tensor:
+    """Random +-1 (fp32) for each position of the last dim, from `gen`."""
+    return torch.randint(0, 2, (last,), generator=gen, device=device).mul_(2).sub_(1).float()  # (last,)
+
+
+def rotate(x: Tensor, n: int, gen: torch.Generator) -> Tensor:
+    """H_n D x over blocks of n of the last dim, in fp32 (never modifies x)."""
+    return fwht(x, n, signs(x.shape[-1], gen, x.device))  # x.shape, fp32
+
+
+def unrotate(y: Tensor, n: int, gen: torch.Generator) -> Tensor:
+    """Inverse of `rotate` with a generator in the same state: D H_n y, fp32."""
+    d = signs(y.shape[-1], gen, y.device)  # (last,)
+    return fwht(y, n).mul_(d)  # y.shape, fp32: H_n is symmetric and orthonormal, its own inverse

@@ -1,0 +1,48 @@
+import math
+
+import pytest
+import torch
+from scipy.linalg import hadamard as dense_hadamard
+
+from pp_compress.ops import hadamard
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 32, 64, 128, 256, 512])
+def test_fwht_equals_the_dense_orthonormal_hadamard(n):
+    x = torch.randn(3, 5, 2 * n, dtype=torch.float64).float()
+    h = torch.tensor(dense_hadamard(n), dtype=torch.float64) / math.sqrt(n)
+    ref = (x.double().reshape(-1, n) @ h).reshape(x.shape)
+    assert torch.allclose(hadamard.fwht(x, n).double(), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("n,last", [(64, 192), (256, 1024), (8, 24)])
+def test_the_chunked_cpu_path_matches_one_shot_and_inverts_exactly(n, last, monkeypatch):
+    """More rows than one chunk: the signs must line up with each row in every chunk."""
+    x = torch.randn(700, last, generator=torch.Generator().manual_seed(0))
+    gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
+    y = hadamard.rotate(x, n, gen())
+    assert x.numel() > 2 * hadamard._CHUNK // 4 or n == 8
+    monkeypatch.setattr(hadamard, "_CHUNK", 1 << 40)  # one shot
+    assert torch.allclose(hadamard.rotate(x, n, gen()), y, atol=1e-6)
+    monkeypatch.setattr(hadamard, "_CHUNK", 3 * last)  # tiny chunks, several rows each
+    assert torch.allclose(hadamard.rotate(x, n, gen()), y, atol=1e-6)
+    assert torch.allclose(hadamard.unrotate(y, n, gen()), x, atol=1e-5)
+    # orthogonal: norms of every block survive
+    assert torch.allclose(y.reshape(-1, n).norm(dim=1), x.reshape(-1, n).norm(dim=1), rtol=1e-5)
+
+
+def test_rotation_spreads_an_outlier_channel_over_its_block():
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+    x[:, 7] = 100.0
+    y = hadamard.rotate(x, 256, torch.Generator().manual_seed(0))
+    assert float(x.abs().amax(1).mean() / x.pow(2).mean(1).sqrt().mean()) > 15  # absmax / rms: the outlier
+    assert float(y.abs().amax(1).mean() / y.pow(2).mean(1).sqrt().mean()) < 4  # a gaussian-like row
+
+
+def test_block_choice_and_errors():
+    assert [hadamard.auto_block(d) for d in (192, 576, 768, 4096, 6, 7)] == [64, 64, 256, 256, 2, 1]
+    hadamard.check_block(64, (2, 192), "b0.act")
+    with pytest.raises(ValueError, match=r"b0\.act.*block 128.*\(2, 192\).*accepted for this shape: 2, 4, 8, 16, 32, 64"):
+        hadamard.check_block(128, (2, 192), "b0.act")
+    with pytest.raises(ValueError, match="odd last dim"):
+        hadamard.check_block(1, (3, 5), "b0.act")
