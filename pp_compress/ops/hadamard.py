@@ -60,9 +60,10 @@ def _hadamard(r: int, device: torch.device) -> Tensor:
     return (h / math.sqrt(r)).to(device)
 
 
-def _fwht_rows(y: Tensor, n: int, d: Tensor | None) -> Tensor:
-    """H_n (D y) for rows y (rows, n) whose sign pattern repeats every d.shape[0] rows (d: (period, n) or None)."""
-    if d is not None:
+def _fwht_rows(y: Tensor, n: int, d: Tensor | None, after: bool) -> Tensor:
+    """H_n D y (or D H_n y with `after`) for rows y (rows, n) whose sign pattern repeats every d.shape[0] rows
+    (d: (period, n) or None)."""
+    if d is not None and not after:
         y = (y.view(-1, d.shape[0], n) * d).view(-1, n)  # (rows, n), a new tensor
     r = min(n, _RADIX)
     y = torch.mm(y.reshape(-1, r), _hadamard(r, y.device)).view(-1, n)  # radix-r stage on the lowest digit
@@ -72,22 +73,25 @@ def _fwht_rows(y: Tensor, n: int, d: Tensor | None) -> Tensor:
         a, b = v[:, 0], v[:, 1]
         y = torch.stack([a + b, a - b], 1).mul_(half).view(-1, n)
         h *= 2
+    if d is not None and after:
+        y = y.view(-1, d.shape[0], n).mul_(d).view(-1, n)
     return y
 
 
-def fwht(x: Tensor, n: int, d: Tensor | None = None) -> Tensor:
-    """Orthonormal Walsh-Hadamard transform of every block of n along the last dim of `x` (fp32), after multiplying
-    the last dim by `d` (fp32 signs of shape (last,), or None). Returns a new fp32 tensor of x's shape."""
+def fwht(x: Tensor, n: int, d: Tensor | None = None, after: bool = False, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Orthonormal Walsh-Hadamard transform of every block of n along the last dim of `x`, computed in fp32, with the
+    last dim multiplied by `d` (signs of shape (last,), or None) before the transform, or after it with `after`.
+    Returns a new tensor of x's shape in `dtype`; on CPU each chunk is cast and written once."""
     last = x.shape[-1]
     y = x.reshape(-1, n)  # (blocks, n)
     dv = d.view(last // n, n) if d is not None else None  # (blocks per row, n)
     period = last // n
     rows = max(period, _CHUNK // n // period * period)  # whole rows of x per chunk, so the signs line up
     if x.device.type != "cpu" or y.shape[0] <= rows:
-        return _fwht_rows(y.float(), n, dv).view(x.shape)
-    out = torch.empty(y.shape, dtype=torch.float32, device=x.device)  # (blocks, n)
+        return _fwht_rows(y.float(), n, dv, after).to(dtype).view(x.shape)
+    out = torch.empty(y.shape, dtype=dtype, device=x.device)  # (blocks, n)
     for i in range(0, y.shape[0], rows):
-        out[i:i + rows] = _fwht_rows(y[i:i + rows].float(), n, dv)
+        out[i:i + rows] = _fwht_rows(y[i:i + rows].float(), n, dv, after)
     return out.view(x.shape)
 
 
@@ -101,7 +105,7 @@ def rotate(x: Tensor, n: int, gen: torch.Generator) -> Tensor:
     return fwht(x, n, signs(x.shape[-1], gen, x.device))  # x.shape, fp32
 
 
-def unrotate(y: Tensor, n: int, gen: torch.Generator) -> Tensor:
-    """Inverse of `rotate` with a generator in the same state: D H_n y, fp32."""
-    d = signs(y.shape[-1], gen, y.device)  # (last,)
-    return fwht(y, n).mul_(d)  # y.shape, fp32: H_n is symmetric and orthonormal, its own inverse
+def unrotate(y: Tensor, n: int, gen: torch.Generator, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Inverse of `rotate` with a generator in the same state: D H_n y, in `dtype` (H_n is symmetric and
+    orthonormal: its own inverse)."""
+    return fwht(y, n, signs(y.shape[-1], gen, y.device), after=True, dtype=dtype)  # y.shape

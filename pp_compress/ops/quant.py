@@ -129,7 +129,7 @@ class IntQuant(Compressor):
         if not n:
             return self._dequantize(payload)
         y = self._dequantize(Payload(payload.tensors, payload.shape, torch.float32))  # rotated values, fp32
-        return hadamard.unrotate(y, n, ctx.generator(y.device, "rot")).to(payload.dtype)
+        return hadamard.unrotate(y, n, ctx.generator(y.device, "rot"), payload.dtype)
 
     def _quantize(self, x: Tensor, ctx: Context) -> Payload:
         c = self.config
