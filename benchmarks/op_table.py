@@ -204,7 +204,8 @@ def main() -> None:
 
     out = ROOT / "benchmarks" / "results" / f"op_table_{args.source}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"# Operators on {args.source} ({what})\n\n{stats}\n\n"
+    command = " ".join(["python", "benchmarks/op_table.py", *sys.argv[1:]])
+    out.write_text(f"# Operators on {args.source} ({what})\n\nCommand: `{command}`\n\n{stats}\n\n"
                    f"rel. error = ||x - x_hat|| / ||x|| on the bf16 input; torch {torch.__version__}\n\n{table}\n\n"
                    f"## Randomized Hadamard rotation (`rot`: blocks of the largest power of two up to 256 dividing "
                    f"the last dim {x.shape[-1]}, i.e. {auto_block(x.shape[-1])}); the bytes are the same with and "

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
+import shlex
 import statistics
 import sys
 import time
@@ -112,7 +114,9 @@ def main() -> None:
         w = csv.DictWriter(f, list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    lines = [f"Device: {device} ({torch.get_num_threads()} threads), torch {torch.__version__}; medians of {args.reps} runs.", "",
+    command = " ".join(["python", "benchmarks/ops.py", *map(shlex.quote, sys.argv[1:])])
+    lines = [f"Command: `OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} {command}`", "",
+             f"Device: {device} ({torch.get_num_threads()} threads), torch {torch.__version__}; medians of {args.reps} runs.", "",
              "| shape | dtype | spec | clone GB/s | copy_ GB/s | compress ms | decompress ms | codec GB/s | vs clone | vs copy_ | torch.topk ms | ratio | rel. error |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -258,12 +258,13 @@ def check_input(x: Tensor, ctx: Context, nonfinite: str) -> None:
 
 
 def saturate(x: Tensor, dtype: torch.dtype) -> tuple[Tensor, int]:
-    """x (a wider float) cast to `dtype` with values beyond its finite range clipped to +-max, and how many were."""
-    if dtype == x.dtype or torch.finfo(dtype).max >= torch.finfo(x.dtype).max:
-        return x.to(dtype), 0
+    """Finite x (a wider float) cast to `dtype` with values beyond its finite range clipped to +-max, and how many
+    were. The common case costs the cast and one fast reduction; only an overflowing cast is redone clipped."""
+    out = x.to(dtype)
+    if dtype == x.dtype or torch.finfo(dtype).max >= torch.finfo(x.dtype).max or not has_nonfinite(out):
+        return out, 0
     top = torch.finfo(dtype).max
-    over = int((x.abs() > top).sum())
-    return (x.clamp(-top, top) if over else x).to(dtype), over
+    return x.clamp(-top, top).to(dtype), int((x.abs() > top).sum())
 
 
 def has_nonfinite(x: Tensor) -> bool:

@@ -78,9 +78,7 @@ def _pack_words(codes: Tensor, bits: int) -> Tensor:
 
 def _unpack_words(packed: Tensor, bits: int, n: int) -> Tensor:
     words = -(-n // 8)
-    grid = torch.zeros((words, 8), dtype=torch.uint8, device=packed.device)  # (words, 8): one int64 each
-    flat = torch.zeros(words * bits, dtype=torch.uint8, device=packed.device)
-    flat[: packed.numel()] = packed
-    grid[:, :bits] = flat.view(words, bits)
+    flat = torch.nn.functional.pad(packed, (0, words * bits - packed.numel()))  # (words * bits,): cut bytes back
+    grid = torch.nn.functional.pad(flat.view(words, bits), (0, 8 - bits))  # (words, 8): one int64 each
     codes = (grid.view(torch.int64) >> _shifts(bits, packed.device)) & ((1 << bits) - 1)  # (words, 8)
     return codes.to(torch.uint8).reshape(-1)[:n]
