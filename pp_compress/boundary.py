@@ -37,13 +37,15 @@ class _BoundaryFn(torch.autograd.Function):
     @staticmethod
     def forward(fctx: Any, x: Tensor, act: Compressor | None, grad: Compressor | None,
                 act_ctx: Context, grad_ctx: Context, stats: dict[str, DirectionStats] | None) -> Tensor:
-        fctx.grad, fctx.grad_ctx, fctx.stats = grad, grad_ctx, stats
+        fctx.grad, fctx.grad_ctx, fctx.stats, fctx.act, fctx.act_ctx = grad, grad_ctx, stats, act, act_ctx
         y = _roundtrip(act, x, act_ctx, stats["act"] if stats else None)
         return y.clone() if y is x else y
 
     @staticmethod
     def backward(fctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
         g = _roundtrip(fctx.grad, g.contiguous(), fctx.grad_ctx, fctx.stats["grad"] if fctx.stats else None)
+        if fctx.act is not None and fctx.act_ctx.training:
+            fctx.act.observe(g, fctx.act_ctx)  # what the sender of the activation receives back (mdtopk learns from it)
         return g, None, None, None, None, None
 
 

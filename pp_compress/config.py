@@ -94,6 +94,15 @@ class CompressorSpec:
             object.__setattr__(self, "ops", (parse_op("identity"),))
         if self.feedback is not None and self.feedback not in FEEDBACKS:
             raise ValueError(f"feedback {self.feedback!r}; accepted: {', '.join(FEEDBACKS)}")
+        for i, op in enumerate(self.ops):
+            if op.LEARNS_FROM_GRAD and (i > 0 or self.feedback == "aqsgd"):
+                raise ValueError(f"{format_op(op)} learns from the gradient of the tensor it compresses, so it must come "
+                                 f"first in a chain and not under +aqsgd (got {self})")
+
+    @property
+    def learns_from_grad(self) -> bool:
+        """Whether an operator of this spec adapts to the gradient that comes back (activations only)."""
+        return any(op.LEARNS_FROM_GRAD for op in self.ops)
 
     @classmethod
     def parse(cls, text: str) -> "CompressorSpec":
@@ -201,6 +210,12 @@ class CompressionConfig:
                 raise ValueError(f"boundary index {b!r}; accepted: an integer >= 0")
             fixed[b] = o if isinstance(o, BoundaryOverride) else BoundaryOverride(**o)
         object.__setattr__(self, "boundaries", dict(sorted(fixed.items())))
+        grads = [("grad", self.gradients)] + [(f"b{b}.grad", o.gradients) for b, o in self.boundaries.items() if o.gradients]
+        for key, spec in grads:
+            if spec.learns_from_grad:
+                raise ValueError(f"{key}={spec}: this operator learns from the gradient that comes back for what it "
+                                 "sends, and only activations get one (a bare spec sets both directions); use "
+                                 "act=..., and e.g. nat, int<b>:stoch or topk for gradients")
 
     def __hash__(self) -> int:
         return hash(str(self))

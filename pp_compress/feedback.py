@@ -57,6 +57,10 @@ class _Wrapper(Compressor):
     def wire_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout:
         return self.inner.wire_layout(shape, dtype, ctx)
 
+    def observe(self, grad: Tensor, ctx: Context) -> None:
+        if ctx.training:
+            self.inner.observe(grad, ctx)
+
     def state_dict(self) -> dict[str, Any]:
         return {"send": _copy(self.send), "recv": _copy(self.recv), "inner": self.inner.state_dict()}
 

@@ -37,6 +37,9 @@ class StageCompression:
                 raise ValueError(f"pp_compress override for boundary {b}, but {num_stages} stages have boundaries 0..{num_stages - 2}")
         self._ops: dict[tuple[int, str, bool], Compressor | None] = {}
         self.stats: dict[str, DirectionStats] = {}
+        self._act_floats: dict[int, list[int]] = {}
+        """Per boundary this stage sends activations over: the tuple positions of its float tensors, in the order
+        their gradients come back."""
 
     def op(self, boundary: int, direction: str, training: bool) -> Compressor | None:
         key = (boundary, direction, training)
@@ -75,6 +78,8 @@ class StageCompression:
         tensor compressed. For activations, the sample ids are found in `tensors` (see `sample_ids_of`)."""
         stats = self._stats(boundary, direction, training)
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
+        if direction == "act":
+            self._act_floats[boundary] = [i for i, s in enumerate(specs) if s.dtype.is_floating_point]
         ids = sample_ids if sample_ids is not None else sample_ids_of(tensors)
         for i in wire_order(specs):
             t = tensors[i]
@@ -118,7 +123,19 @@ class StageCompression:
             t0 = time.perf_counter()
             out[i] = op.decompress(from_buffer(buf, layout, torch.Size(spec.shape), spec.dtype), ctx)
             self._stats(boundary, direction, training).decompress_s += time.perf_counter() - t0
+        if direction == "grad" and training:
+            self._observe(out, boundary, step, micro_batch, sample_ids)  # type: ignore[arg-type]
         return out  # type: ignore[return-value]
+
+    def _observe(self, grads: list[Tensor], boundary: int, step: int, micro_batch: int, sample_ids: Tensor | None) -> None:
+        """Hand the gradients that came back to the activation operator that sent their tensors (mdtopk learns from
+        them; for every other operator it does nothing). The j-th gradient belongs to the j-th float activation."""
+        act, floats = self._ops.get((boundary, "act", True)), self._act_floats.get(boundary)
+        if act is None or floats is None:
+            return
+        for j, g in enumerate(grads):
+            i = floats[j]
+            act.observe(g, self._ctx(boundary, "act", step, micro_batch, True, i, sample_ids))
 
     def state_dict(self) -> dict[str, Any]:
         return {"config": str(self.cfg),

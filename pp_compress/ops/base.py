@@ -130,6 +130,10 @@ class OpConfig:
     """Non-bool fields that a bare word sets, and to what: {"rot": "auto"} makes `int4:rot` mean `int4:rot=auto`."""
     EXAMPLES: ClassVar[tuple[str, ...]] = ()
     """Specs that together exercise every option that changes the encoding: the contract tests run each one."""
+    LEARNS_FROM_GRAD: ClassVar[bool] = False
+    """Whether the operator adapts to the gradient that comes back for what it sent (`Compressor.observe`). Only
+    activations get such a gradient, so the config accepts it for activations only, first in a chain, and not
+    under +aqsgd (whose inner operator sees a subset of the rows)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -223,6 +227,10 @@ class Compressor(abc.ABC):
 
     def wire_nbytes(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> int:
         return layout_nbytes(self.wire_layout(tuple(shape), dtype, ctx))
+
+    def observe(self, grad: Tensor, ctx: Context) -> None:
+        """The gradient that came back for what this operator sent under `ctx` (activations only; the pipeline and
+        the in-process boundary both call it). Stateless operators ignore it; see `OpConfig.LEARNS_FROM_GRAD`."""
 
     # --- state (only error-feedback wrappers and warm-started operators have any) ---------------
     def state_dict(self) -> dict[str, Any]:

@@ -51,6 +51,9 @@ class Chain(Compressor):
                 tensors.append(self.inner.decode(Payload(tuple(part), torch.Size(spec.shape), spec.dtype), ctx))
         return self.outer.decode(Payload(tuple(tensors), payload.shape, payload.dtype), ctx)
 
+    def observe(self, grad: Tensor, ctx: Context) -> None:
+        self.outer.observe(grad, ctx)  # the outer operator saw the tensor the gradient belongs to
+
     def state_dict(self) -> dict[str, Any]:
         state = {"outer": self.outer.state_dict(), "inner": self.inner.state_dict()}
         return {k: v for k, v in state.items() if v}

@@ -67,9 +67,15 @@ class TopK(Compressor):
         return [TensorSpec((groups, k), dtype), where]
 
     def _encode(self, x: Tensor, ctx: Context) -> Payload:
+        groups, size, k, _ = self._plan(tuple(x.shape))
+        index = torch.topk(x.reshape(groups, size).abs(), k, dim=1, sorted=False).indices  # (groups, k)
+        return self.encode_at(x, index)
+
+    def encode_at(self, x: Tensor, index: Tensor) -> Payload:
+        """TopK's payload for positions chosen elsewhere: `index` (groups, k) of each group (see `_plan`), distinct
+        per group. mdtopk's importance-weighted choice travels this way."""
         groups, size, k, idx_dtype = self._plan(tuple(x.shape))
         g = x.reshape(groups, size)  # (groups, size)
-        index = torch.topk(g.abs(), k, dim=1, sorted=False).indices  # (groups, k)
         if idx_dtype is None:
             mask = torch.zeros_like(g, dtype=torch.bool).scatter_(1, index, True)  # (groups, size)
             values = g[mask].view(groups, k)  # (groups, k), in position order

@@ -55,7 +55,8 @@ def test_more_stages_bf16_and_data_parallel(tmp_path, nproc, stages, extra):
 
 
 @pytest.mark.parametrize("spec,extra", [("act=topk:0.2+ef21,grad=randk:0.3+ef", []),
-                                         ("act=int4+aqsgd,grad=topk:0.3+aqsgd", ["--ids"])])
+                                         ("act=int4+aqsgd,grad=topk:0.3+aqsgd", ["--ids"]),
+                                         ("act=mdtopk:0.3:mode=stochastic+ef,grad=nat:bits=4", [])])
 def test_checkpoint_resume_with_error_feedback_is_identical(tmp_path, spec, extra):
     res = run(tmp_path, 4, "--stages", "2", "--steps", "8", "--spec", spec, "--ckpt", str(tmp_path / "ckpt"), *extra)
     for r in res.values():

@@ -136,3 +136,22 @@ def test_set_sample_ids_feeds_aqsgd():
     model(ids, labels=ids).loss.backward()
     (b,) = [m for m in model.modules() if isinstance(m, ppc.CompressionBoundary)]
     assert sorted(b.ops["act"].state_dict()["send"]["b0.act"]) == [3, 4]
+
+
+def test_mdtopk_learns_in_process_and_its_w_is_in_the_state_dict():
+    hot = [1, 5, 9]
+    b = ppc.CompressionBoundary("act=mdtopk:0.25,grad=none")
+    b.train()
+    g = torch.Generator().manual_seed(0)
+    scale = torch.full((16,), 0.01)
+    scale[hot] = 1.0
+    for _ in range(10):
+        x = torch.randn(6, 16, generator=g, requires_grad=True)
+        (b(x) * scale).sum().backward()  # the loss depends on the hot channels only
+    w = b.ops["act"].weights(ppc.Context(direction="act"), 16, torch.device("cpu"))
+    assert set(torch.topk(w, 3).indices.tolist()) == set(hot)
+    state = b.get_extra_state()
+    assert "log_w" in state["ops"]["act"]
+    fresh = ppc.CompressionBoundary("act=mdtopk:0.25,grad=none")
+    fresh.set_extra_state(state)
+    assert torch.equal(fresh.ops["act"].weights(ppc.Context(direction="act"), 16, torch.device("cpu")), w)

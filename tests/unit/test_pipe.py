@@ -69,3 +69,29 @@ def test_error_every_zero_measures_nothing():
     a = StageCompression(cfg, 0, 2)
     a.send([torch.randn(4, 3)], 0, "act", step=0, micro_batch=0, training=True, send_fn=lambda t: None)
     assert a.stats["b0.act"].ref_sq == 0
+
+
+def test_mdtopk_sender_learns_from_the_gradient_that_comes_back():
+    """Stage 0 sends (hidden, ids); the gradient of hidden returns and lands in its activation operator's w."""
+    a, b = _pair("act=mdtopk:0.1+ef,grad=nat:bits=4")
+    act_send, act_recv = _link()
+    grad_send, grad_recv = _link()
+    g = torch.Generator().manual_seed(0)
+    hot = [2, 7, 30]
+    specs = [TensorSpec((4, 8, 40), torch.float32), TensorSpec((4,), torch.int64)]
+    for step in range(15):
+        for mb in range(2):
+            ids = torch.arange(4) + 4 * mb
+            x = torch.randn(4, 8, 40, generator=g)
+            where = dict(step=step, micro_batch=mb, training=True)
+            a.send([x, ids], 0, "act", send_fn=act_send, **where)
+            y, _ = b.recv(specs, 0, "act", recv_fn=act_recv, device=torch.device("cpu"), **where)
+            grad = 0.01 * torch.randn(4, 8, 40, generator=g)
+            grad[..., hot] = 1.0
+            b.send([grad], 0, "grad", send_fn=grad_send, **where)
+            a.recv(specs[:1], 0, "grad", recv_fn=grad_recv, device=torch.device("cpu"), **where)
+    op = a.op(0, "act", True).inner
+    assert op.sent == {}  # every stashed activation met its gradient
+    w = op.weights(ppc.Context(boundary=0, direction="act"), 40, torch.device("cpu"))
+    assert set(torch.topk(w, 3).indices.tolist()) == set(hot)
+    assert "log_w" in a.state_dict()["ops"]["0.act"]["inner"]
