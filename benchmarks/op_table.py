@@ -47,6 +47,13 @@ SPECS = [
 # Issue 13: every width the rotation is meant for, per row and per block of 64, with and without it
 ROT_SPECS = [f"int{b}{per}{asym}{rot}" for b in (2, 3, 4, 8) for asym in ("", ":asym") for per in ("", ":per=block64")
              for rot in ("", ":rot") if not (asym and b in (2, 8))]
+# Issue 14: the research seeds' operators against TopK / RandK / stochastic int at about the same bytes. mdtopk's w is
+# first learned from 20 rounds of (x, g) (see seed_row); on bf16, mdtopk:0.1 sends 1.6 bits per element like
+# randk:0.1 and topk:0.05, and its weighted_greedy mode the bytes of topk:0.1:per=row
+SEED_SPECS = ["nat", "nat:bits=4", "nat:bits=3", "nat:bits=4:per=block64", "int4:stoch", "int3:stoch", "int2:stoch",
+              "topk:0.1", "topk:0.1:per=row", "topk:0.05", "randk:0.1", "mdtopk:0.1", "mdtopk:0.1:mode=greedy_weighted",
+              "mdtopk:0.1:mode=weighted_greedy", "mdtopk:0.1:mode=stochastic"]
+MD_ROUNDS = 20
 SOURCES = ("gaussian", "heavy", "smollm2", "smollm2-grad")
 BATCH, SEQ = 8, 1024
 SMOLLM2_BLOCKS = 30
@@ -59,6 +66,16 @@ PROSE_MODULES = [
     "pathlib", "pickle", "random", "re", "shutil", "subprocess", "tarfile", "textwrap", "threading", "typing",
     "unittest", "urllib.request", "zipfile",
 ]
+
+
+SEED_NOTE = {
+    "gaussian": "mdtopk learned w from 20 rounds of (x, g) with g an independent gaussian tensor (every channel equally "
+                "sensitive); grad-weighted error = ||g * (x - x_hat)||_1 / ||g * x||_1.",
+    "smollm2": "mdtopk learned w from 20 rounds of (x, g) with g the real activation-gradient at the same block "
+               "(--source smollm2-grad's tensor); grad-weighted error = ||g * (x - x_hat)||_1 / ||g * x||_1.",
+    "smollm2-grad": "This tensor is a gradient: mdtopk (activations only) is not applicable.",
+}
+SEED_NOTE["heavy"] = SEED_NOTE["gaussian"]
 
 
 def gaussian_source() -> torch.Tensor:
@@ -171,6 +188,28 @@ def rot_row(spec: str, x: torch.Tensor) -> list[str]:
     return [f"`{spec}`", plain[1], plain[4], rotated[4], f"{float(rotated[4]) / float(plain[4]):.2f}x"]
 
 
+def seed_row(spec: str, x: torch.Tensor, g: torch.Tensor | None) -> list[str] | None:
+    """bits per element, rel. error and the gradient-weighted error ||g * (x - x_hat)||_1 / ||g * x||_1 (the first-order
+    loss change that mdtopk's saliency bounds). Operators that learn from the gradient first see MD_ROUNDS rounds of
+    (x, g); with no gradient to learn from (g is None) they are skipped."""
+    cs = ppc.CompressorSpec.parse(spec)
+    if cs.learns_from_grad and g is None:
+        return None
+    op = cs.build()
+    if cs.learns_from_grad:
+        for step in range(MD_ROUNDS):
+            ctx = ppc.Context(step=step)
+            op.compress(x, ctx)
+            op.observe(g, ctx)
+    y, p = op.roundtrip(x, ppc.Context(step=MD_ROUNDS, training=False))
+    err = ((x.float() - y.float()).norm() / x.float().norm()).item()
+    cells = [f"`{spec}`", f"{p.nbytes * 8 / x.numel():.3f}", f"{err:.3g}"]
+    if g is not None:
+        gf = g.float()
+        cells.append(f"{((gf * (x.float() - y.float())).abs().sum() / (gf * x.float()).abs().sum()).item():.3g}")
+    return cells
+
+
 def markdown(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
@@ -201,6 +240,15 @@ def main() -> None:
     rot = markdown(["spec", "bits/element", "rel. error", "rel. error with rot", "error ratio rot / plain"],
                    [rot_row(spec, x) for spec in tqdm(ROT_SPECS, desc="rotation") if ":rot" not in spec])
     print(rot)
+    # the gradient that comes back for x: SmolLM2's real one at the same block; for the synthetic sources an independent
+    # gaussian (every channel equally sensitive, so saliency follows |x|); none for a gradient source (mdtopk is for
+    # activations)
+    grad = {"gaussian": lambda: torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).bfloat16(),
+            "heavy": lambda: torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).bfloat16(),
+            "smollm2": lambda: smollm2_source(args.layer, grad=True), "smollm2-grad": lambda: None}[args.source]()
+    rows = [r for r in (seed_row(spec, x, grad) for spec in tqdm(SEED_SPECS, desc="seed operators")) if r]
+    seed = markdown(["spec", "bits/element", "rel. error"] + (["grad-weighted error"] if grad is not None else []), rows)
+    print(seed)
 
     out = ROOT / "benchmarks" / "results" / f"op_table_{args.source}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -209,7 +257,9 @@ def main() -> None:
                    f"rel. error = ||x - x_hat|| / ||x|| on the bf16 input; torch {torch.__version__}\n\n{table}\n\n"
                    f"## Randomized Hadamard rotation (`rot`: blocks of the largest power of two up to 256 dividing "
                    f"the last dim {x.shape[-1]}, i.e. {auto_block(x.shape[-1])}); the bytes are the same with and "
-                   f"without it\n\n{rot}\n")
+                   f"without it\n\n{rot}\n\n## The research seeds' operators (issue 14): natural compression and "
+                   f"importance-weighted selection, next to stochastic int, TopK and RandK\n\n{SEED_NOTE[args.source]}"
+                   f"\n\n{seed}\n")
     print(f"wrote {out.relative_to(ROOT)} in {time.time() - t0:.1f} s")
 
 
