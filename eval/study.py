@@ -46,13 +46,14 @@ SETTINGS.update({"act-int4rot_grad-int8": "act=int4:rot,grad=int8", "act-int3_gr
 SETTINGS.update({"act-int8_grad-nat4": "act=int8,grad=nat:bits=4", "act-int8_grad-int4stoch": "act=int8,grad=int4:stoch",
                  "act-int8_grad-nat": "act=int8,grad=nat",
                  **{f"act-mdtopk0.2{tag}": f"act=mdtopk:0.2{mode},grad=none" for tag, mode in
-                    (("", ""), ("wg", ":mode=weighted_greedy"), ("gw", ":mode=greedy_weighted"), ("st", ":mode=stochastic"))}})
+                    (("", ""), ("wg", ":mode=weighted_greedy"), ("gw", ":mode=greedy_weighted"), ("st", ":mode=stochastic"))},
+                 "act-topk0.2row": "act=topk:0.2:per=row,grad=none"})  # weighted_greedy's control: TopK per row, unweighted
 SETTINGS["base-seed1"] = "none"  # the noise floor: the baseline again with another seed (weights and data order)
 SEEDS = {"base-seed1": 1, "ft-base-seed1": 1}  # finetuning: another data order (the weights are the checkpoint's)
 # Runs whose checkpoints are also evaluated with no compression: error compensation's promise, and the act-only
 # TopK runs (their own validation compresses activations, which the grad-only runs' does not)
 FEEDBACK = ("topk0.1+ef", "topk0.1+ef21", "topk0.1+aqsgd", "topk0.1", *(f"act-topk{r}" for r in ("0.5", "0.3", "0.2", "0.1", "0.05")),
-            *(f"act-mdtopk0.2{tag}" for tag in ("", "wg", "gw", "st")))
+            *(f"act-mdtopk0.2{tag}" for tag in ("", "wg", "gw", "st")), "act-topk0.2row")
 # Finetuning SmolLM2-135M-Instruct (make models) on Jane Austen: 2 stages, fp32 (this CPU has no bf16 matmul units:
 # bf16 ran 57x slower than fp32, ~98 s/step), short
 FINETUNE: dict[str, str] = {"ft-base": "none", "ft-base-seed1": "none", "ft-int8": "int8", **{f"ft-topk{r}": f"topk:{r}" for r in ("0.3", "0.2", "0.1")},
