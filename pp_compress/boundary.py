@@ -77,7 +77,7 @@ class CompressionBoundary(nn.Module):
 
     def _ctx(self, direction: str, step: int, training: bool, sample_ids: Tensor | None) -> Context:
         return Context(name=f"{self.name}.{direction}", boundary=self.boundary, direction=direction, step=step,
-                       seed=self.cfg.seed, sample_ids=sample_ids, training=training)
+                       seed=self.cfg.seed, sample_ids=sample_ids, training=training, batch_dim=self.cfg.batch_dim)
 
     def forward(self, x: Tensor, sample_ids: Tensor | None = None) -> Tensor:
         sample_ids = sample_ids if sample_ids is not None else self.sample_ids

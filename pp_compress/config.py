@@ -165,8 +165,9 @@ class BoundaryOverride:
 
 
 _KEYS = {"act": "activations", "grad": "gradients", "eval": "eval", "warmup": "warmup_steps",
-         "min_numel": "min_numel", "seed": "seed", "nonfinite": "nonfinite", "error_every": "error_every"}
-_INT_FIELDS = ("warmup_steps", "min_numel", "seed", "error_every")
+         "min_numel": "min_numel", "seed": "seed", "nonfinite": "nonfinite", "error_every": "error_every",
+         "batch_dim": "batch_dim"}
+_INT_FIELDS = ("warmup_steps", "min_numel", "seed", "error_every", "batch_dim")
 _BOUNDARY_KEY = re.compile(r"b(\d+)\.(act|grad)")
 
 
@@ -191,6 +192,10 @@ class CompressionConfig:
     error_every: int = 10
     """Measure the relative error ||x - x_hat|| / ||x|| for the statistics on the sender, on micro-batch 0
     of every N-th step (one extra local decode); 0 = never."""
+    batch_dim: int = 0
+    """Which dim of the tensors crossing a boundary is the batch: 0 for [batch, seq, hidden], 1 for Megatron's
+    [seq, batch, hidden]. Per-sample grouping (per=sample, per=channel, lowrank) and per-sample state (+aqsgd) use
+    it; with a wrong value they silently group by sequence position instead."""
     boundaries: dict[int, BoundaryOverride] = field(default_factory=dict)
     """Overrides by boundary index (0 = between stage 0 and stage 1)."""
 
@@ -248,7 +253,7 @@ class CompressionConfig:
         if self.eval is not None:
             d["eval"] = str(self.eval)
         d.update(warmup_steps=self.warmup_steps, min_numel=self.min_numel, seed=self.seed, nonfinite=self.nonfinite,
-                 error_every=self.error_every)
+                 error_every=self.error_every, batch_dim=self.batch_dim)
         if self.boundaries:
             d["boundaries"] = {
                 str(b): {k: str(v) for k, v in (("activations", o.activations), ("gradients", o.gradients)) if v}

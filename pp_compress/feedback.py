@@ -57,6 +57,9 @@ class _Wrapper(Compressor):
     def wire_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout:
         return self.inner.wire_layout(shape, dtype, ctx)
 
+    def batch_grouped(self) -> bool:
+        return self.inner.batch_grouped()
+
     def observe(self, grad: Tensor, ctx: Context) -> None:
         if ctx.training:
             self.inner.observe(grad, ctx)
@@ -99,8 +102,8 @@ class EF(_Wrapper):
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
         return self.inner.decode(payload, ctx)
 
-    def estimate(self, payload: Payload, ctx: Context | None = None) -> Tensor:
-        return self.inner.estimate(payload, ctx)
+    def _estimate(self, payload: Payload, ctx: Context) -> Tensor:
+        return self.inner._estimate(payload, ctx)
 
 
 class EF21(_Wrapper):
@@ -124,10 +127,9 @@ class EF21(_Wrapper):
         self.recv[ctx.key] = g
         return g.to(payload.dtype, copy=True)  # never hand out the state itself (a pipeline sets requires_grad on it)
 
-    def estimate(self, payload: Payload, ctx: Context | None = None) -> Tensor:
-        ctx = ctx or Context()
+    def _estimate(self, payload: Payload, ctx: Context) -> Tensor:
         if not ctx.training:
-            return self.inner.estimate(payload, ctx)
+            return self.inner._estimate(payload, ctx)
         return self.send[ctx.key].to(payload.dtype)  # the receiver's g equals the sender's after this step
 
 
@@ -136,11 +138,14 @@ class AQSGD(_Wrapper):
 
     tag = "aqsgd"
 
+    def batch_grouped(self) -> bool:
+        return True  # buffers are kept per sample: one row of the batch dim each
+
     @staticmethod
     def _ids(ctx: Context, batch: int) -> list[int]:
         if ctx.sample_ids is None:
             raise ValueError(
-                f"{ctx.name}: +aqsgd needs per-sample ids (ctx.sample_ids, one per row of dim 0); "
+                f"{ctx.name}: +aqsgd needs per-sample ids (ctx.sample_ids, one per sample of the batch dim); "
                 "pass them with the batch (see README, 'Sample ids')"
             )
         ids = [int(i) for i in ctx.sample_ids.reshape(-1).tolist()]
@@ -192,10 +197,9 @@ class AQSGD(_Wrapper):
         base = torch.stack([buf[ids[i]] for i in old]) if old else delta.to(_acc_dtype(delta.dtype))
         return self._update(buf, ids, old, new, base, delta, raw)
 
-    def estimate(self, payload: Payload, ctx: Context | None = None) -> Tensor:
-        ctx = ctx or Context()
+    def _estimate(self, payload: Payload, ctx: Context) -> Tensor:
         if not ctx.training:
-            return self.inner.estimate(payload, ctx)
+            return self.inner._estimate(payload, ctx)
         buf = self.send[ctx.sample_key]  # holds this batch's reconstructions, identical to the receiver's
         return torch.stack([buf[i] for i in self._ids(ctx, payload.shape[0])]).to(payload.dtype)
 

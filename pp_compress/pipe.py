@@ -59,7 +59,8 @@ class StageCompression:
     def _ctx(self, boundary: int, direction: str, step: int, micro_batch: int, training: bool, i: int,
              sample_ids: Tensor | None) -> Context:
         return Context(name=f"boundary{boundary}.{direction}", boundary=boundary, direction=direction, step=step,
-                       micro_batch=micro_batch, tensor=i, seed=self.cfg.seed, sample_ids=sample_ids, training=training)
+                       micro_batch=micro_batch, tensor=i, seed=self.cfg.seed, sample_ids=sample_ids, training=training,
+                       batch_dim=self.cfg.batch_dim)
 
     def _stats(self, boundary: int, direction: str, training: bool) -> DirectionStats:
         """Counters under "b<boundary>.<act|grad>" (training) or "b<boundary>.act_eval"; the sender counts
@@ -117,7 +118,7 @@ class StageCompression:
                 recv_fn(out[i])
                 continue
             self._check_ids(op, ctx)
-            layout = op.wire_layout(spec.shape, spec.dtype, ctx)
+            layout = op.layout(spec.shape, spec.dtype, ctx)
             buf = torch.empty(sum(s.nbytes for s in layout), dtype=torch.uint8, device=device)
             recv_fn(buf)
             t0 = time.perf_counter()

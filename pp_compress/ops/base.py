@@ -84,6 +84,9 @@ class Context:
     """Base seed of every generator derived from this context."""
     sample_ids: Tensor | None = None
     """Per-sample ids (int64, shape (batch,)) for AQ-SGD buffers; None where unknown."""
+    batch_dim: int = 0
+    """Which dim of the tensor is the batch (1 for Megatron's [seq, batch, hidden]). Operators that group per sample
+    see the tensor with this dim moved to the front (see `Compressor.batch_grouped`)."""
     training: bool = True
     """False for inference: stateful wrappers then neither read nor update their state."""
 
@@ -174,14 +177,18 @@ class Compressor(abc.ABC):
     def compress(self, x: Tensor, ctx: Context | None = None) -> Payload:
         ctx = ctx or Context()
         check_input(x, ctx, self.nonfinite)
-        return self.encode(x, ctx)
+        bd = self._batch_dim(tuple(x.shape), ctx)
+        if not bd:
+            return self.encode(x, ctx)
+        p = self.encode(x.movedim(bd, 0), ctx.replace(batch_dim=0))  # batch first: samples are rows of dim 0
+        return Payload(p.tensors, x.shape, x.dtype)
 
     def decompress(self, payload: Payload, ctx: Context | None = None) -> Tensor:
         """The receiver's tensor. Under nonfinite="raise" the sender's input was finite, so a NaN/Inf here means the
         reconstruction does not fit the dtype (e.g. unbiased RandK's n/k rescaling of fp16 values near its max):
         FloatingPointError naming the boundary, never a silent inf."""
         ctx = ctx or Context()
-        out = self.decode(payload, ctx)
+        out = self._batch_first(self.decode, payload, ctx)
         if self.nonfinite == "raise" and out.numel() and has_nonfinite(out):
             raise FloatingPointError(
                 f"{ctx.name}: {self.spec} decoded finite input to {int((~torch.isfinite(out)).sum())} NaN/Inf value(s) "
@@ -200,7 +207,40 @@ class Compressor(abc.ABC):
     def estimate(self, payload: Payload, ctx: Context | None = None) -> Tensor:
         """What the receiver will reconstruct from `payload`, computed on the sending side right after
         `compress` without touching any state (for the relative error in the statistics)."""
-        return self.decode(payload, ctx or Context())
+        return self._batch_first(self._estimate, payload, ctx or Context())
+
+    def layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout:
+        """The wire layout of `compress(x, ctx)` for x of this shape and dtype (what a receiver preallocates)."""
+        ctx = ctx or Context()
+        bd = self._batch_dim(tuple(shape), ctx)
+        if not bd:
+            return self.wire_layout(tuple(shape), dtype, ctx)
+        return self.wire_layout(_front(tuple(shape), bd), dtype, ctx.replace(batch_dim=0))
+
+    def batch_grouped(self) -> bool:
+        """Whether this operator groups or keys anything per sample (per=sample, per=channel, lowrank's matrices,
+        AQ-SGD's buffers), so that `ctx.batch_dim` must be moved to the front before it runs."""
+        return False
+
+    def _batch_dim(self, shape: tuple[int, ...], ctx: Context) -> int:
+        if not ctx.batch_dim or not self.batch_grouped():
+            return 0
+        if len(shape) <= ctx.batch_dim:
+            raise ValueError(f"{ctx.name}: batch_dim={ctx.batch_dim} but the tensor has shape {shape}; {self.spec} groups "
+                             "per sample, so it needs the batch dim (set batch_dim to the dim that holds the batch, or "
+                             "raise min_numel so that small tensors pass uncompressed)")
+        return ctx.batch_dim
+
+    def _batch_first(self, fn: Any, payload: Payload, ctx: Context) -> Tensor:
+        """fn(payload, ctx) with the batch dim moved to the front and back again where this operator needs it."""
+        bd = self._batch_dim(tuple(payload.shape), ctx)
+        if not bd:
+            return fn(payload, ctx)
+        inner = Payload(payload.tensors, torch.Size(_front(tuple(payload.shape), bd)), payload.dtype)
+        return fn(inner, ctx.replace(batch_dim=0)).movedim(0, bd)
+
+    def _estimate(self, payload: Payload, ctx: Context) -> Tensor:
+        return self.decode(payload, ctx)
 
     def encode(self, x: Tensor, ctx: Context) -> Payload:
         """compress without the input checks (what composed operators call); empty input -> empty payload."""
@@ -226,7 +266,7 @@ class Compressor(abc.ABC):
     def wire_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout: ...
 
     def wire_nbytes(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> int:
-        return layout_nbytes(self.wire_layout(tuple(shape), dtype, ctx))
+        return layout_nbytes(self.layout(tuple(shape), dtype, ctx))
 
     def observe(self, grad: Tensor, ctx: Context) -> None:
         """The gradient that came back for what this operator sent under `ctx` (activations only; the pipeline and
@@ -246,6 +286,11 @@ class Compressor(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec!r})"
+
+
+def _front(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
+    """`shape` with dim `dim` moved to the front."""
+    return (shape[dim],) + shape[:dim] + shape[dim + 1:]
 
 
 def check_input(x: Tensor, ctx: Context, nonfinite: str) -> None:

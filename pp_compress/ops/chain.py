@@ -51,6 +51,9 @@ class Chain(Compressor):
                 tensors.append(self.inner.decode(Payload(tuple(part), torch.Size(spec.shape), spec.dtype), ctx))
         return self.outer.decode(Payload(tuple(tensors), payload.shape, payload.dtype), ctx)
 
+    def batch_grouped(self) -> bool:
+        return self.outer.batch_grouped()  # the inner operator sees the outer payload, where the batch dim means nothing
+
     def observe(self, grad: Tensor, ctx: Context) -> None:
         self.outer.observe(grad, ctx)  # the outer operator saw the tensor the gradient belongs to
 

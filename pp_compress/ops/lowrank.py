@@ -69,6 +69,9 @@ def matrix_dims(shape: tuple[int, ...]) -> tuple[int, int, int]:
 class LowRank(Compressor):
     config: LowRankConfig
 
+    def batch_grouped(self) -> bool:
+        return True  # one matrix per sample
+
     def __init__(self, config: LowRankConfig, nonfinite: str = "raise") -> None:
         super().__init__(config, nonfinite)
         self.warm: dict[str, Tensor] = {}  # state key -> previous Q (B, cols, r), fp32

@@ -77,6 +77,9 @@ def _emin(dtype: torch.dtype) -> int:
 class Nat(Compressor):
     config: NatConfig
 
+    def batch_grouped(self) -> bool:
+        return self.config.per == "channel" and self.config.bits > 0
+
     def _code_bits(self, dtype: torch.dtype) -> int:
         return self.config.bits or 1 + _exponent_bits(dtype)
 

@@ -101,6 +101,9 @@ class IntQuantConfig(OpConfig):
 class IntQuant(Compressor):
     config: IntQuantConfig
 
+    def batch_grouped(self) -> bool:
+        return self.config.per == "channel"
+
     def wire_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout:
         c = self.config
         numel = TensorSpec(tuple(shape), dtype).numel

@@ -44,6 +44,9 @@ class RandKConfig(OpConfig):
 class RandK(Compressor):
     config: RandKConfig
 
+    def batch_grouped(self) -> bool:
+        return self.config.per == "sample"
+
     def _index(self, shape: tuple[int, ...], device: torch.device, ctx: Context) -> tuple[Tensor, int, int]:
         groups, size = sparse_groups(shape, self.config.per)
         k = keep_count(self.config.ratio, size)

@@ -50,6 +50,9 @@ class TopKConfig(OpConfig):
 class TopK(Compressor):
     config: TopKConfig
 
+    def batch_grouped(self) -> bool:
+        return self.config.per == "sample"
+
     def _plan(self, shape: tuple[int, ...]) -> tuple[int, int, int, torch.dtype | None]:
         """(groups, size, k, index dtype or None for a bitmap) — the same on both sides."""
         groups, size = sparse_groups(shape, self.config.per)

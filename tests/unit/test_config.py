@@ -94,3 +94,11 @@ def test_unknown_json_keys_are_errors():
         ppc.CompressionConfig.from_dict({"boundaries": {"0": {"act": "int8"}}})
     with pytest.raises(ValueError, match="warmup_steps"):
         ppc.CompressionConfig.from_dict({"warmup_steps": -1})
+
+
+def test_batch_dim_round_trips_and_is_checked():
+    cfg = ppc.parse_spec("int8,batch_dim=1")
+    assert cfg.batch_dim == 1 and ppc.parse_spec(str(cfg)) == cfg
+    assert ppc.CompressionConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="batch_dim"):
+        ppc.parse_spec("int8,batch_dim=-1")
