@@ -82,10 +82,10 @@ class CompressionBoundary(nn.Module):
     def forward(self, x: Tensor, sample_ids: Tensor | None = None) -> Tensor:
         sample_ids = sample_ids if sample_ids is not None else self.sample_ids
         if not self.training:
-            op = None if x.numel() < self.cfg.min_numel else self.eval_op
+            op = self.eval_op if self.cfg.compresses(x.numel(), x.dtype, self.step, False) else None
             return _roundtrip(op, x, self._ctx("act", self.step, False, sample_ids), self.stats["eval"])
         step, self.step = self.step, self.step + 1
-        live = step >= self.cfg.warmup_steps and x.numel() >= self.cfg.min_numel
+        live = self.cfg.compresses(x.numel(), x.dtype, step, True)
         act, grad = (self.ops["act"], self.ops["grad"]) if live else (None, None)
         return compressed_boundary(x, act, grad, self._ctx("act", step, True, sample_ids),
                                    self._ctx("grad", step, True, sample_ids), self.stats)

@@ -20,6 +20,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .feedback import FEEDBACKS, WRAPPERS
 from .ops import op_configs
 from .ops.base import NONFINITE_POLICIES, Compressor, OpConfig, format_op
@@ -183,8 +185,9 @@ class CompressionConfig:
     """Spec of activations at inference (eval_batch / model.eval()); None = same as `activations`."""
     warmup_steps: int = 0
     """Steps sent uncompressed before compression starts."""
-    min_numel: int = 0
-    """Tensors with fewer elements than this are sent uncompressed."""
+    min_numel: int = 1024
+    """Tensors with fewer elements than this are sent uncompressed. The default keeps scalars and tiny tensors
+    (a MoE model's aggregated loss, gates, small masks) exact: below ~4 KB a message's cost is its latency."""
     seed: int = 0
     """Seed of every random choice (RandK indices, stochastic rounding, sketches)."""
     nonfinite: str = "raise"
@@ -234,6 +237,14 @@ class CompressionConfig:
         o = self.boundaries.get(boundary)
         chosen = (o.activations if direction == "act" else o.gradients) if o else None
         return chosen or (self.activations if direction == "act" else self.gradients)
+
+    def compresses(self, numel: int, dtype: torch.dtype, step: int, training: bool) -> bool:
+        """Whether a tensor of this size and dtype is compressed at this step: floating point, at least min_numel
+        (and non-empty) elements, and past the warm-up when training. The pipeline and the in-process boundary
+        both ask here."""
+        if not dtype.is_floating_point or numel < max(self.min_numel, 1):
+            return False
+        return not training or step >= self.warmup_steps
 
     def __str__(self) -> str:
         items = [f"act={self.activations}", f"grad={self.gradients}"]

@@ -2,7 +2,7 @@
 
 `StageCompression.send(...)` compresses each floating-point tensor of what crosses a boundary into
 one flat uint8 buffer and hands it to `send_fn` (one message per tensor); non-float tensors go as
-they are, and first. `recv(...)` computes the same layout from the uncompressed (shape, dtype) the
+they are (bool as its uint8 bytes), and first. `recv(...)` computes the same layout from the uncompressed (shape, dtype) the
 receiver already knows, receives exactly that many bytes and decompresses. No extra metadata travels.
 
 Sample ids (for `+aqsgd`) ride in the activation tuple itself: when its last tensor is a 1-D integer
@@ -50,9 +50,7 @@ class StageCompression:
         return self._ops[key]
 
     def _plan(self, spec: TensorSpec, ctx: Context) -> Compressor | None:
-        if spec.dtype not in FLOAT_DTYPES or spec.numel < max(self.cfg.min_numel, 1):
-            return None
-        if ctx.training and ctx.step < self.cfg.warmup_steps:
+        if spec.dtype not in FLOAT_DTYPES or not self.cfg.compresses(spec.numel, spec.dtype, ctx.step, ctx.training):
             return None
         return self.op(ctx.boundary, ctx.direction, ctx.training)
 
@@ -88,7 +86,7 @@ class StageCompression:
             op = self._plan(specs[i], ctx)
             raw = t.numel() * t.element_size()
             if op is None:
-                send_fn(t.contiguous())
+                send_fn(_wire(t.contiguous()))
                 stats.record(raw, raw)
                 continue
             self._check_ids(op, ctx)
@@ -114,8 +112,9 @@ class StageCompression:
             ctx = self._ctx(boundary, direction, step, micro_batch, training, i, ids)
             op = self._plan(spec, ctx)
             if op is None:
-                out[i] = torch.empty(spec.shape, dtype=spec.dtype, device=device)
-                recv_fn(out[i])
+                buf = torch.empty(spec.shape, dtype=torch.uint8 if spec.dtype == torch.bool else spec.dtype, device=device)
+                recv_fn(buf)
+                out[i] = buf.view(torch.bool) if spec.dtype == torch.bool else buf
                 continue
             self._check_ids(op, ctx)
             layout = op.layout(spec.shape, spec.dtype, ctx)
@@ -150,6 +149,12 @@ class StageCompression:
             op = self.op(int(b), d, True)
             if op is not None:
                 op.load_state_dict(sub)
+
+
+def _wire(t: Tensor) -> Tensor:
+    """A tensor as it travels uncompressed: bool as its uint8 bytes (NCCL cannot send bool; DeepSpeed casts such
+    masks to half, twice the bytes), everything else as it is."""
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
 
 
 def wire_order(specs: list[TensorSpec]) -> list[int]:

@@ -44,9 +44,6 @@ class CompressedPipelineEngine(PipelineEngine):
     def pp_compress_setup(self, cfg: CompressionConfig) -> None:
         if self.is_pipe_partitioned or self.is_grad_partitioned:
             raise NotImplementedError("pp_compress does not support tensor-parallel partitioned pipe activations/grads yet")
-        if self.has_attention_mask or self.has_bool_tensors:
-            raise NotImplementedError("pp_compress does not support DeepSpeed's has_attention_mask/has_bool_tensors "
-                                      "(bool sent as half) yet; integer tensors in the tuple pass through untouched")
         _check_same_config(cfg)
         self.pp_compress = StageCompression(cfg, self.stage_id, self.num_stages)
         self._pp_mb: dict[str, int] = {}

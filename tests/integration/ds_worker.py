@@ -20,6 +20,8 @@ ap.add_argument("--bf16", action="store_true")
 ap.add_argument("--hidden", type=int, default=64)
 ap.add_argument("--ckpt", default=None, help="save after steps/2, continue, then resume a fresh engine and compare")
 ap.add_argument("--ids", action="store_true", help="a pool of 16 samples; (x, sample_ids) flows through the stages")
+ap.add_argument("--mask", action="store_true", help="(x, bool mask) flows through the stages, and the module is named "
+                "GPT2ModelPipe, so DeepSpeed sets has_attention_mask (it sends the mask as half)")
 ap.add_argument("--out", required=True)
 args = ap.parse_args()
 
@@ -59,13 +61,18 @@ class OnHidden(nn.Module):
         return self.mod(x[0]) if self.last else (self.mod(x[0]), x[1])
 
 
+class GPT2ModelPipe(PipelineModule):
+    """DeepSpeed keys has_attention_mask on this class name (--mask)."""
+
+
 def make_engine():
     torch.manual_seed(0)
     layers = [LayerSpec(OnHidden, "linear", D, H), LayerSpec(OnHidden, "gelu")]
     for _ in range(2 * args.stages - 2):
         layers += [LayerSpec(OnHidden, "linear", H, H), LayerSpec(OnHidden, "gelu")]
     layers += [LayerSpec(OnHidden, "linear", H, D, last=True)]
-    model = PipelineModule(layers=layers, num_stages=args.stages, loss_fn=nn.MSELoss(), partition_method="uniform")
+    model = (GPT2ModelPipe if args.mask else PipelineModule)(layers=layers, num_stages=args.stages, loss_fn=nn.MSELoss(),
+                                                             partition_method="uniform")
     dp = world // args.stages
     cfg = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": GAS,
            "train_batch_size": MBS * GAS * dp, "steps_per_print": 10**9, "bf16": {"enabled": args.bf16},
@@ -74,6 +81,7 @@ def make_engine():
         engine, *_ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters())
     else:
         spec = args.rank1_spec if (args.rank1_spec and rank == 1) else args.spec
+        spec += "" if "min_numel" in spec else ",min_numel=0"  # the (4, 64) tensors here are below the default
         engine, *_ = ppd.initialize(model=model, config=cfg, compression=spec, model_parameters=model.parameters())
     return engine
 
@@ -89,7 +97,8 @@ def data(seed, skip=0):
         i += 1
         if i > skip:
             inp = x.bfloat16() if args.bf16 else x
-            yield ((inp, ids) if args.ids else inp), torch.tanh(x @ w) * 2
+            extra = (ids,) if args.ids else (x > 0,) if args.mask else ()
+            yield ((inp, *extra) if extra else inp), torch.tanh(x @ w) * 2
 
 
 engine = make_engine()

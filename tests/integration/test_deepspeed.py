@@ -83,3 +83,14 @@ def test_bad_spec_fails_clearly_on_every_rank(tmp_path):
     rc, log, res = launch(tmp_path, 2, "--steps", "2", "--spec", "topk:1.5")
     assert rc != 0 and not res
     assert log.count("topk ratio=1.5") >= 2 and "accepted" in log
+
+
+def test_bool_masks_pass_untouched_and_identity_stays_bitwise(tmp_path):
+    """has_attention_mask: stock DeepSpeed sends the mask as half; pp_compress sends its uint8 bytes, compresses the
+    float tensor, and with identity trains bitwise like stock."""
+    plain = run(tmp_path / "plain", 2, "--steps", "4", "--mask")
+    ident = run(tmp_path / "ident", 2, "--steps", "4", "--mask", "--spec", "identity")
+    assert plain[0]["losses"] == ident[0]["losses"] and plain[0]["eval"] == ident[0]["eval"]
+    assert ident[0]["sent_bytes"] < plain[0]["sent_bytes"]  # 1 byte per mask element instead of 2
+    int8 = run(tmp_path / "int8", 2, "--steps", "4", "--mask", "--spec", "int8")
+    assert int8[0]["stats"]["b0.act"]["ratio"] > 1.5

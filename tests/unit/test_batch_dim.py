@@ -49,7 +49,7 @@ def test_a_tensor_without_the_batch_dim_is_refused_by_name():
 
 
 def test_the_boundary_and_the_pipeline_pass_batch_dim_on():
-    b = ppc.CompressionBoundary("act=topk:0.25,grad=none,batch_dim=1")
+    b = ppc.CompressionBoundary("act=topk:0.25,grad=none,batch_dim=1,min_numel=0")
     b.train()
     sbh = torch.randn(8, 2, 4)
     y = b(sbh)

@@ -11,7 +11,7 @@ def _mlp(cfg=None):
     torch.manual_seed(0)
     layers = [nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)]
     if cfg is not None:
-        layers.insert(2, ppc.CompressionBoundary(cfg))
+        layers.insert(2, ppc.CompressionBoundary(cfg + ",min_numel=0"))
     return nn.Sequential(*layers)
 
 
@@ -48,7 +48,7 @@ def test_function_form():
 
 
 def test_warmup_and_min_numel():
-    b = ppc.CompressionBoundary("act=topk:0.1,grad=topk:0.1,warmup=2")
+    b = ppc.CompressionBoundary("act=topk:0.1,grad=topk:0.1,warmup=2,min_numel=0")
     x = torch.randn(4, 64, requires_grad=True)
     assert torch.equal(b(x), x) and torch.equal(b(x), x)
     assert not torch.equal(b(x), x)
@@ -57,24 +57,24 @@ def test_warmup_and_min_numel():
 
 
 def test_eval_uses_eval_spec_and_leaves_state_alone():
-    b = ppc.CompressionBoundary("act=topk:0.1+ef,grad=int8,eval=none")
+    b = ppc.CompressionBoundary("act=topk:0.1+ef,grad=int8,eval=none,min_numel=0")
     x = torch.randn(4, 64, requires_grad=True)
     b(x).sum().backward()
     state = copy.deepcopy(b.state_dict())
     b.eval()
     assert torch.equal(b(x), x)
-    b2 = ppc.CompressionBoundary("act=topk:0.1+ef,grad=int8").eval()  # eval follows act by default
+    b2 = ppc.CompressionBoundary("act=topk:0.1+ef,grad=int8,min_numel=0").eval()  # eval follows act by default
     assert torch.equal(b2(x), ppc.build("topk:0.1").roundtrip(x.detach())[0])
     assert all(torch.equal(state["_extra_state"]["ops"]["act"]["send"][k], v)
                for k, v in b.state_dict()["_extra_state"]["ops"]["act"]["send"].items())
 
 
 def test_state_dict_resume_and_config_guard():
-    a = ppc.CompressionBoundary("act=topk:0.1+ef,grad=topk:0.2+ef21")
+    a = ppc.CompressionBoundary("act=topk:0.1+ef,grad=topk:0.2+ef21,min_numel=0")
     xs = [torch.randn(4, 64, requires_grad=True) for _ in range(6)]
     for x in xs[:3]:
         a(x).pow(2).sum().backward()
-    b = ppc.CompressionBoundary("act=topk:0.1+ef,grad=topk:0.2+ef21")
+    b = ppc.CompressionBoundary("act=topk:0.1+ef,grad=topk:0.2+ef21,min_numel=0")
     b.load_state_dict(a.state_dict())
     assert b.step == 3
     for x in xs[3:]:
@@ -87,7 +87,7 @@ def test_state_dict_resume_and_config_guard():
 
 
 def test_nonfinite_names_the_boundary():
-    b = ppc.CompressionBoundary("int8", boundary=2)
+    b = ppc.CompressionBoundary("int8,min_numel=0", boundary=2)
     with pytest.raises(FloatingPointError, match="boundary2.act"):
         b(torch.tensor([[1.0, float("nan")]]))
 
@@ -140,7 +140,7 @@ def test_set_sample_ids_feeds_aqsgd():
 
 def test_mdtopk_learns_in_process_and_its_w_is_in_the_state_dict():
     hot = [1, 5, 9]
-    b = ppc.CompressionBoundary("act=mdtopk:0.25,grad=none")
+    b = ppc.CompressionBoundary("act=mdtopk:0.25,grad=none,min_numel=0")
     b.train()
     g = torch.Generator().manual_seed(0)
     scale = torch.full((16,), 0.01)
@@ -152,6 +152,6 @@ def test_mdtopk_learns_in_process_and_its_w_is_in_the_state_dict():
     assert set(torch.topk(w, 3).indices.tolist()) == set(hot)
     state = b.get_extra_state()
     assert "log_w" in state["ops"]["act"]
-    fresh = ppc.CompressionBoundary("act=mdtopk:0.25,grad=none")
+    fresh = ppc.CompressionBoundary("act=mdtopk:0.25,grad=none,min_numel=0")
     fresh.set_extra_state(state)
     assert torch.equal(fresh.ops["act"].weights(ppc.Context(direction="act"), 16, torch.device("cpu")), w)

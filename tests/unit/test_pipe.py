@@ -10,13 +10,25 @@ from pp_compress.pipe import StageCompression, wire_order
 
 
 def _pair(spec: str):
-    cfg = ppc.parse_spec(spec)
+    cfg = ppc.parse_spec(spec + ",min_numel=0")  # these tensors are tiny
     return StageCompression(cfg, 0, 2), StageCompression(cfg, 1, 2)
 
 
 def _link():
     q: deque = deque()
     return q.append, lambda t: t.copy_(q.popleft())
+
+
+def test_bool_masks_travel_as_their_uint8_bytes():
+    a, b = _pair("int8")
+    sent = []
+    q = _link()
+    mask = torch.tensor([[True, False], [False, True]])
+    a.send([torch.randn(2, 2), mask], 0, "act", step=0, micro_batch=0, training=True,
+           send_fn=lambda t: (sent.append(t.dtype), q[0](t)))
+    y = b.recv([TensorSpec((2, 2), torch.float32), TensorSpec((2, 2), torch.bool)], 0, "act", step=0, micro_batch=0,
+               training=True, recv_fn=q[1], device=torch.device("cpu"))
+    assert sent[0] == torch.uint8 and torch.equal(y[1], mask) and y[1].dtype == torch.bool
 
 
 def test_integer_tensors_travel_first_and_untouched():
@@ -27,7 +39,7 @@ def test_integer_tensors_travel_first_and_untouched():
     x = (torch.randn(2, 3), torch.tensor([7, 9]), torch.tensor([True, False, True, True]))
     a.send(list(x), 0, "act", step=0, micro_batch=0, training=True, send_fn=send)
     y = b.recv(specs, 0, "act", step=0, micro_batch=0, training=True, recv_fn=recv, device=torch.device("cpu"))
-    assert torch.equal(y[1], x[1]) and torch.equal(y[2], x[2])
+    assert torch.equal(y[1], x[1]) and torch.equal(y[2], x[2]) and y[2].dtype == torch.bool
     assert (y[0] - x[0]).abs().max() < 0.05 and a.stats["b0.act"].wire_bytes < x[0].numel() * 4 + 2 * 8 + 4
 
 
