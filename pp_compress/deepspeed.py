@@ -1,4 +1,4 @@
 """`pp_compress.deepspeed.initialize(...)`: see pp_compress/integrations/deepspeed.py (imports deepspeed)."""
-from .integrations.deepspeed import CompressedPipelineEngine, add_argparse_args, initialize, resolve_config
+from .integrations.deepspeed import CompressedPipelineEngine, add_argparse_args, disable, enable, initialize, resolve_config
 
-__all__ = ["CompressedPipelineEngine", "add_argparse_args", "initialize", "resolve_config"]
+__all__ = ["CompressedPipelineEngine", "add_argparse_args", "disable", "enable", "initialize", "resolve_config"]

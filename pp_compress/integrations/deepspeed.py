@@ -15,7 +15,10 @@ Only this file imports deepspeed. What it relies on (DeepSpeed 0.19.8, see READM
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import hashlib
+import inspect
 import json
 import os
 from typing import Any
@@ -162,10 +165,7 @@ def _check_same_config(cfg: CompressionConfig) -> None:
 
 def resolve_config(config: dict | str | None, compression: CompressionConfig | str | dict | None) -> tuple[dict, CompressionConfig]:
     """Split a DeepSpeed config (dict or JSON path) into (DeepSpeed part, CompressionConfig); `compression` wins."""
-    if isinstance(config, str):
-        with open(config) as f:
-            config = json.load(f)
-    ds_config = dict(config or {})
+    ds_config = _load(config)
     section = ds_config.pop(SECTION, None)
     chosen = compression if compression is not None else section
     if chosen is None:
@@ -188,11 +188,56 @@ def initialize(model: PipelineModule, config: dict | str | None = None,
     saved = deepspeed.PipelineEngine
     deepspeed.PipelineEngine = CompressedPipelineEngine
     try:
-        out = deepspeed.initialize(model=model, config=ds_config, **kwargs)
+        out = _stock_initialize()(model=model, config=ds_config, **kwargs)
     finally:
         deepspeed.PipelineEngine = saved
     out[0].pp_compress_setup(cfg)
     return out
+
+
+def enable() -> None:
+    """One line for Megatron-DeepSpeed (or any script that calls `deepspeed.initialize` itself): from now on,
+    `deepspeed.initialize(model=<PipelineModule>, ...)` whose DeepSpeed config (`args.deepspeed_config`, `config=`
+    or `config_params=`, in DeepSpeed's own precedence) has a "pp_compress" section returns the compressed engine,
+    configured from that section. Any other call, including a pipeline without the section, runs stock DeepSpeed
+    unchanged. Calling it again does nothing; `disable()` restores the stock function."""
+    if getattr(deepspeed.initialize, "_pp_compress_stock", None) is not None:
+        return
+    stock = deepspeed.initialize
+    params = inspect.signature(stock)
+
+    @functools.wraps(stock)
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        bound = params.bind_partial(*args, **kwargs).arguments
+        ds_args = bound.get("args")
+        config = getattr(ds_args, "deepspeed_config", None) or bound.get("config") or bound.get("config_params")
+        if not isinstance(bound.get("model"), PipelineModule) or SECTION not in _load(config):
+            return stock(*args, **kwargs)
+        if getattr(ds_args, "deepspeed_config", None) is not None:  # DeepSpeed would read the file again, section and all
+            ds_args = copy.copy(ds_args)
+            ds_args.deepspeed_config = None
+        rest = {k: v for k, v in bound.items() if k not in ("args", "model", "config", "config_params")}
+        return initialize(bound["model"], config=_load(config), args=ds_args, **rest)
+
+    hooked._pp_compress_stock = stock  # type: ignore[attr-defined]
+    deepspeed.initialize = hooked
+
+
+def disable() -> None:
+    """Undo `enable()`."""
+    deepspeed.initialize = _stock_initialize()
+
+
+def _stock_initialize() -> Any:
+    return getattr(deepspeed.initialize, "_pp_compress_stock", deepspeed.initialize)
+
+
+def _load(config: dict | str | None) -> dict:
+    """A DeepSpeed config as a dict (a JSON path is read)."""
+    if isinstance(config, str):
+        with open(config) as f:
+            return json.load(f)
+    return dict(config or {})
 
 
 def add_argparse_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -20,6 +20,8 @@ ap.add_argument("--bf16", action="store_true")
 ap.add_argument("--hidden", type=int, default=64)
 ap.add_argument("--ckpt", default=None, help="save after steps/2, continue, then resume a fresh engine and compare")
 ap.add_argument("--ids", action="store_true", help="a pool of 16 samples; (x, sample_ids) flows through the stages")
+ap.add_argument("--enable", action="store_true", help="pp_compress.deepspeed.enable(), then stock deepspeed.initialize("
+                "args=...) with the spec as the JSON file's pp_compress section (no section without --spec)")
 ap.add_argument("--mask", action="store_true", help="(x, bool mask) flows through the stages, and the module is named "
                 "GPT2ModelPipe, so DeepSpeed sets has_attention_mask (it sends the mask as half)")
 ap.add_argument("--out", required=True)
@@ -31,6 +33,7 @@ from deepspeed.pipe import LayerSpec, PipelineModule  # noqa: E402
 from deepspeed.runtime.pipe import p2p  # noqa: E402
 
 importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip the 30-70 s shm JIT build (unused by p2p)
+import pp_compress  # noqa: E402
 import pp_compress.deepspeed as ppd  # noqa: E402
 
 SENT = {"bytes": 0}
@@ -77,7 +80,16 @@ def make_engine():
     cfg = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": GAS,
            "train_batch_size": MBS * GAS * dp, "steps_per_print": 10**9, "bf16": {"enabled": args.bf16},
            "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}}}
-    if args.spec is None:
+    if args.enable:  # the Megatron-DeepSpeed path: one line, then the script's own deepspeed.initialize
+        ppd.enable()
+        if args.spec:
+            cfg["pp_compress"] = pp_compress.parse_spec(args.spec + ",min_numel=0").to_dict()
+        path = os.path.join(args.out, f"ds_config_rank{rank}.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        engine, *_ = deepspeed.initialize(args=argparse.Namespace(deepspeed_config=path, local_rank=rank), model=model,
+                                          model_parameters=model.parameters())
+    elif args.spec is None:
         engine, *_ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters())
     else:
         spec = args.rank1_spec if (args.rank1_spec and rank == 1) else args.spec
@@ -110,7 +122,7 @@ for _ in range(steps):
     losses.append(float(engine.train_batch(it)))
 step_time = (time.perf_counter() - t0) / steps
 sent_train = SENT["bytes"]
-result = {"rank": rank, "stage": engine.stage_id, "dp": dp_id, "losses": losses, "sent_bytes": sent_train,
+result = {"rank": rank, "stage": engine.stage_id, "engine": type(engine).__name__, "dp": dp_id, "losses": losses, "sent_bytes": sent_train,
           "step_time": step_time, "stats": engine.pp_compress_stats() if args.spec else {}}
 if args.ckpt:
     engine.save_checkpoint(args.ckpt)

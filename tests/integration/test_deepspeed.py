@@ -94,3 +94,15 @@ def test_bool_masks_pass_untouched_and_identity_stays_bitwise(tmp_path):
     assert ident[0]["sent_bytes"] < plain[0]["sent_bytes"]  # 1 byte per mask element instead of 2
     int8 = run(tmp_path / "int8", 2, "--steps", "4", "--mask", "--spec", "int8")
     assert int8[0]["stats"]["b0.act"]["ratio"] > 1.5
+
+
+def test_enable_hooks_deepspeed_initialize_from_the_json_section(tmp_path):
+    """ppd.enable() + the script's own deepspeed.initialize(args=...): compressed with a "pp_compress" section,
+    stock DeepSpeed (bitwise) without one."""
+    plain = run(tmp_path / "plain", 2, "--steps", "4")
+    stock = run(tmp_path / "stock", 2, "--steps", "4", "--enable")
+    assert stock[0]["engine"] == "PipelineEngine" and stock[0]["losses"] == plain[0]["losses"]
+    assert stock[0]["sent_bytes"] == plain[0]["sent_bytes"]
+    hooked = run(tmp_path / "hooked", 2, "--steps", "4", "--enable", "--spec", "act=int8,grad=int8")
+    assert hooked[0]["engine"] == "CompressedPipelineEngine"
+    assert hooked[0]["stats"]["b0.act"]["ratio"] > 3 and hooked[1]["stats"]["b0.grad"]["ratio"] > 3
