@@ -29,11 +29,12 @@ import torch.distributed as tdist
 from deepspeed.runtime.pipe import p2p, schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.runtime.pipe.module import PipelineModule
+from deepspeed.runtime.utils import PartitionedTensor
 from deepspeed.utils import logger
 
 from ..config import CompressionConfig, parse_spec
 from ..ops.base import TensorSpec
-from ..pipe import StageCompression, sample_ids_of
+from ..pipe import StageCompression, partition_view, sample_ids_of
 from ..stats import format_table
 
 SECTION = "pp_compress"
@@ -45,8 +46,9 @@ class CompressedPipelineEngine(PipelineEngine):
     pp_compress: StageCompression
 
     def pp_compress_setup(self, cfg: CompressionConfig) -> None:
-        if self.is_pipe_partitioned or self.is_grad_partitioned:
-            raise NotImplementedError("pp_compress does not support tensor-parallel partitioned pipe activations/grads yet")
+        if self.is_grad_partitioned and not self.is_pipe_partitioned:
+            raise NotImplementedError("pipeline.grad_partitioned without pipe_partitioned is not supported (DeepSpeed "
+                                      "itself rebuilds the partitioned output only when both are set); set both or neither")
         _check_same_config(cfg)
         self.pp_compress = StageCompression(cfg, self.stage_id, self.num_stages)
         self._pp_mb: dict[str, int] = {}
@@ -66,15 +68,23 @@ class CompressedPipelineEngine(PipelineEngine):
     def _where(self, kind: str) -> dict[str, Any]:
         return {"step": self.global_steps, "micro_batch": self._mb(kind), "training": self.module.training}
 
+    def _views(self, partitioned: bool) -> Any:
+        """Under tensor-parallel partitioning a tuple starts (PartitionedTensor meta, this rank's flat slice): compress
+        the slice seen with its rows (`partition_view`); nothing else changes."""
+        if not partitioned:
+            return None
+        bd = self.pp_compress.cfg.batch_dim
+        return lambda ts: {1: partition_view([int(v) for v in ts[0].tolist()], bd)}
+
     # --- the four instructions ----------------------------------------------------------------
     def _exec_send_activations(self, buffer_id: int) -> None:
-        outputs = self.pipe_buffers["outputs"][buffer_id]
+        outputs = self.pipe_buffers["outputs"][buffer_id]  # (meta, slice, *rest) when pipe-partitioned
         if self.dynamic_shape or self.first_output_send:
             self.first_output_send = False
             self._send_tensor_meta(outputs, self.next_stage)
         tensors = [outputs] if torch.is_tensor(outputs) else list(outputs)
         self.pp_compress.send(tensors, self.stage_id, "act", send_fn=lambda t: p2p.send(t, self.next_stage),
-                              **self._where("send_act"))
+                              views=self._views(self.is_pipe_partitioned), **self._where("send_act"))
 
     def _exec_recv_activations(self, buffer_id: int) -> None:
         if self.dynamic_shape or self._pp_act_specs is None:
@@ -82,26 +92,43 @@ class CompressedPipelineEngine(PipelineEngine):
             self._pp_act_tuple = not torch.is_tensor(meta)
             self._pp_act_specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (meta if self._pp_act_tuple else [meta])]
         recvd = self.pp_compress.recv(self._pp_act_specs, self.stage_id - 1, "act", device=self.device,
-                                      recv_fn=lambda t: p2p.recv(t, self.prev_stage), **self._where("recv_act"))
+                                      recv_fn=lambda t: p2p.recv(t, self.prev_stage),
+                                      views=self._views(self.is_pipe_partitioned), **self._where("recv_act"))
         for t in recvd:
             t.requires_grad = t.is_floating_point()
         self.pipe_buffers["inputs"][buffer_id] = tuple(recvd) if self._pp_act_tuple else recvd[0]
 
     def _exec_send_grads(self, buffer_id: int) -> None:
-        inputs = self.pipe_buffers["inputs"][buffer_id]
+        inputs = self.pipe_buffers["inputs"][buffer_id]  # the full first input when pipe-partitioned (forward rebuilt it)
         grads = [inputs.grad] if torch.is_tensor(inputs) else [t.grad for t in inputs if t.is_floating_point()]
         if any(g is None for g in grads):
             raise RuntimeError(f"stage {self.stage_id}: a floating-point input received no gradient; cannot send it back")
+        if self.is_grad_partitioned:  # as DeepSpeed: (meta, this rank's 1/TP slice of the first gradient, *rest)
+            part = PartitionedTensor(tensor=grads[0], group=self.grid.get_slice_parallel_group())
+            grads = [part.to_meta(), part.data(), *grads[1:]]
         self.pp_compress.send(grads, self.stage_id - 1, "grad", send_fn=lambda t: p2p.send(t, self.prev_stage),
-                              sample_ids=_ids(inputs), **self._where("send_grad"))
+                              sample_ids=_ids(inputs), views=self._views(self.is_grad_partitioned),
+                              **self._where("send_grad"))
         self.pipe_buffers["inputs"][buffer_id] = None
 
     def _exec_recv_grads(self, buffer_id: int) -> None:
         outputs = self.pipe_buffers["outputs"][buffer_id]
-        outs = [outputs] if torch.is_tensor(outputs) else [t for t in outputs if t.is_floating_point()]
+        if self.is_pipe_partitioned and not self.is_grad_partitioned:
+            # As DeepSpeed: full gradients come back, so rebuild the full output from (meta, slice) for their shapes;
+            # its backward pass then takes outputs[0] as the full output.
+            part = PartitionedTensor.from_meta(meta=outputs[0].to("cpu"), local_part=outputs[1],
+                                               group=self.grid.get_slice_parallel_group())
+            outputs[0].data = part.full()
+            outputs = (outputs[0], *outputs[2:])
+            self.pipe_buffers["outputs"][buffer_id] = outputs
+        if self.is_grad_partitioned:  # (meta, slice) of the first gradient, then the other float gradients
+            outs = [outputs[0], outputs[1], *(t for t in outputs[2:] if t.is_floating_point())]
+        else:
+            outs = [outputs] if torch.is_tensor(outputs) else [t for t in outputs if t.is_floating_point()]
         grads = self.pp_compress.recv([TensorSpec(tuple(t.shape), t.dtype) for t in outs], self.stage_id, "grad",
                                       device=self.device, recv_fn=lambda t: p2p.recv(t, self.next_stage),
-                                      sample_ids=_ids(outputs), **self._where("recv_grad"))
+                                      sample_ids=_ids(outputs), views=self._views(self.is_grad_partitioned),
+                                      **self._where("recv_grad"))
         self.grad_layer = grads[0] if torch.is_tensor(outputs) else grads
 
     _INSTRUCTION_MAP = {
