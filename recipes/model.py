@@ -60,12 +60,17 @@ class GPTConfig:
     """Output head shares the embedding matrix (a tied layer across the first and last stage)."""
     init_std: float = 0.02
     """Std of the normal init; residual output projections get init_std / sqrt(2 * n_layer)."""
+    layout: str = "bsh"
+    """Layout of the hidden states between layers (and pipeline stages): 'bsh' (batch, seq, hidden) or Megatron's
+    'sbh' (seq, batch, hidden); pp_compress then needs batch_dim=1."""
 
     def __post_init__(self) -> None:
         if self.mlp not in ("swiglu", "gelu"):
             raise ValueError(f"mlp={self.mlp!r}; accepted: 'swiglu', 'gelu'")
         if self.norm not in ("rmsnorm", "layernorm"):
             raise ValueError(f"norm={self.norm!r}; accepted: 'rmsnorm', 'layernorm'")
+        if self.layout not in ("bsh", "sbh"):
+            raise ValueError(f"layout={self.layout!r}; accepted: 'bsh', 'sbh'")
         if min(self.vocab_size, self.n_layer, self.n_head, self.d_model) < 1 or self.d_model % self.n_head:
             raise ValueError(f"need positive sizes and d_model % n_head == 0, got d_model={self.d_model}, n_head={self.n_head}")
         if self.n_head % self.kv_heads:
@@ -186,7 +191,8 @@ class Embedding(_Loadable):
 
     def forward(self, x: Flow) -> Flow:
         ids, rest = _split(x)
-        return _join(F.embedding(ids, self.weight), rest)  # (B, T, D)
+        h = F.embedding(ids, self.weight)  # (B, T, D)
+        return _join(h.transpose(0, 1).contiguous() if self.cfg.layout == "sbh" else h, rest)  # (T, B, D) for sbh
 
     def logits(self, h: Tensor) -> Tensor:
         return F.linear(h, self.weight)  # (B, T, V)
@@ -230,15 +236,22 @@ class Block(_Loadable):
         return names
 
     def attention(self, x: Tensor) -> Tensor:
+        if self.cfg.layout == "sbh":  # (T, B, D): the attention itself runs batch-first
+            return self.heads(x.transpose(0, 1), self.cfg.n_head, self.cfg.kv_heads).transpose(0, 1)
+        return self.heads(x, self.cfg.n_head, self.cfg.kv_heads)
+
+    def heads(self, x: Tensor, n_head: int, kv_heads: int) -> Tensor:
+        """Causal attention of n_head query heads over kv_heads key/value heads (all of them, or one tensor-parallel
+        rank's share): x (B, T, D) -> (B, T, D), the output projection applied (partial sums under TP)."""
         b, t, _ = x.shape
-        cfg = self.cfg
-        q = self.q(x).view(b, t, cfg.n_head, cfg.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = self.k(x).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)  # (B, KV, T, hd)
-        v = self.v(x).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)  # (B, KV, T, hd)
-        cos, sin = _rope(cfg, t, x.device)  # (T, hd)
+        hd = self.cfg.head_dim
+        q = self.q(x).view(b, t, n_head, hd).transpose(1, 2)  # (B, H, T, hd)
+        k = self.k(x).view(b, t, kv_heads, hd).transpose(1, 2)  # (B, KV, T, hd)
+        v = self.v(x).view(b, t, kv_heads, hd).transpose(1, 2)  # (B, KV, T, hd)
+        cos, sin = _rope(self.cfg, t, x.device)  # (T, hd)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=cfg.kv_heads != cfg.n_head)  # (B, H, T, hd)
-        return self.o(y.transpose(1, 2).reshape(b, t, cfg.n_head * cfg.head_dim))  # (B, T, D)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != n_head)  # (B, H, T, hd)
+        return self.o(y.transpose(1, 2).reshape(b, t, n_head * hd))  # (B, T, D)
 
     def mlp(self, x: Tensor) -> Tensor:
         if self.cfg.mlp == "swiglu":
@@ -270,7 +283,7 @@ class Head(_Loadable):
 
     def forward(self, x: Flow) -> Tensor:
         h, _ = _split(x)
-        h = self.norm(h)
+        h = self.norm(h.transpose(0, 1) if self.cfg.layout == "sbh" else h)  # (B, T, D)
         return h if self.out is None else self.out(h)  # (B, T, D) when tied (the embedding projects), else (B, T, V)
 
 
@@ -319,15 +332,26 @@ class GPT(nn.Module):
 
 
 def pipeline_module(cfg: GPTConfig, num_stages: int, checkpoint: str | Path | None = None,
-                    partition_method: str = "type:Block", activation_checkpoint_interval: int = 0) -> Any:
-    """The same layers as a deepspeed.pipe.PipelineModule; each stage builds (and loads) only its own."""
+                    partition_method: str = "type:Block", activation_checkpoint_interval: int = 0, tp: int = 1) -> Any:
+    """The same layers as a deepspeed.pipe.PipelineModule; each stage builds (and loads) only its own. With tp > 1
+    the blocks are Megatron-style tensor-parallel (recipes/tp.py) over DeepSpeed's PP x TP x DP topology."""
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
-    blocks = [LayerSpec(Block, cfg, i, checkpoint) for i in range(cfg.n_layer)]
+    topology: dict[str, Any] = {"num_stages": num_stages}
+    if tp > 1:
+        from recipes import tp as tpmod
+
+        if checkpoint is not None:
+            raise ValueError("loading a checkpoint into tensor-parallel blocks is not supported; use tp=1")
+        topology = {"topology": tpmod.topology(num_stages, tp)}
+        group = tpmod.tp_group(topology["topology"])
+        blocks = [LayerSpec(tpmod.TPBlock, cfg, i, group) for i in range(cfg.n_layer)]
+    else:
+        blocks = [LayerSpec(Block, cfg, i, checkpoint) for i in range(cfg.n_layer)]
     if cfg.tie_embeddings:
         specs = [TiedLayerSpec("embed", Embedding, cfg, checkpoint), *blocks, LayerSpec(Head, cfg, checkpoint),
                  TiedLayerSpec("embed", Embedding, cfg, checkpoint, forward_fn=_tied_logits)]
     else:
         specs = [LayerSpec(Embedding, cfg, checkpoint), *blocks, LayerSpec(Head, cfg, checkpoint)]
-    return PipelineModule(layers=specs, num_stages=num_stages, loss_fn=lm_loss, partition_method=partition_method,
-                          activation_checkpoint_interval=activation_checkpoint_interval)
+    return PipelineModule(layers=specs, loss_fn=lm_loss, partition_method=partition_method,
+                          activation_checkpoint_interval=activation_checkpoint_interval, **topology)

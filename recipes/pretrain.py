@@ -44,11 +44,12 @@ def main() -> None:
         return tok, *data.lm_datasets(files, tok, args.seq_len, args.val_fraction)
 
     tok, train_ds, val_ds = train.rank0_first(prepare)
-    cfg = GPTConfig.preset(args.model, vocab_size=len(tok), tie_embeddings=not args.untied)
+    cfg = GPTConfig.preset(args.model, vocab_size=len(tok), tie_embeddings=not args.untied,
+                           layout="sbh" if args.sbh or args.tp > 1 else "bsh")
     if dist.get_rank() == 0:  # the run directory carries its tokenizer: infer.py and eval/ need nothing else
         tok.save_pretrained(args.out / "tokenizer")
     torch.manual_seed(args.seed)  # weights depend on --seed only (not on what ran before, e.g. a cold cache)
-    module = pipeline_module(cfg, args.stages)
+    module = pipeline_module(cfg, args.stages, tp=args.tp)
     meta = {**cfg.to_dict(), "tokenizer": "tokenizer"}  # the folder inside the run directory
     train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)
     train.finish()

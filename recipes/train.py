@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import importlib
 import json
 import math
@@ -33,7 +34,12 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
 
     import pp_compress.deepspeed as ppd
 
-    ap.add_argument("--stages", type=int, default=2, help="pipeline stages (world size / stages = data-parallel replicas)")
+    ap.add_argument("--stages", type=int, default=2,
+                    help="pipeline stages (world size / (stages x tp) = data-parallel replicas)")
+    ap.add_argument("--tp", type=int, default=1, help="Megatron-style tensor-parallel ranks per stage (recipes/tp.py); "
+                    "> 1 sends [seq, batch, hidden] between stages, and DeepSpeed partitions it over the TP ranks "
+                    "unless the config's pipeline.pipe_partitioned is false")
+    ap.add_argument("--sbh", action="store_true", help="[seq, batch, hidden] between stages also with --tp 1")
     ap.add_argument("--steps", type=int, default=steps, help="optimizer steps")
     ap.add_argument("--micro-batch", type=int, default=4, help="sequences per micro-batch")
     ap.add_argument("--grad-accum", type=int, default=4, help="micro-batches per step and replica")
@@ -204,9 +210,9 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
     from pp_compress.stats import format_table
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    if world % args.stages:
-        raise SystemExit(f"world size {world} is not a multiple of --stages {args.stages}")
-    dp = world // args.stages
+    if world % (args.stages * args.tp):
+        raise SystemExit(f"world size {world} is not a multiple of --stages x --tp = {args.stages} x {args.tp}")
+    dp = world // (args.stages * args.tp)
     old = [p for p in (args.out / "metrics.jsonl", args.out / "ckpt") if p.exists()]
     if old and not args.resume:
         if not args.overwrite:
@@ -218,7 +224,16 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
                 shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
         dist.barrier()
     args.out.mkdir(parents=True, exist_ok=True)
-    engine, *_ = ppd.initialize(model=module, config=ds_config(args, dp), compression=args.pp_compress,
+    config = ds_config(args, dp)
+    _, compression = ppd.resolve_config(config, args.pp_compress)
+    if model_cfg.get("layout") == "sbh":  # the boundary tensors are [seq, batch, hidden]
+        if compression.batch_dim not in (0, 1):
+            raise SystemExit(f"pp_compress batch_dim={compression.batch_dim}, but this model sends [seq, batch, hidden]: "
+                             "use batch_dim=1")
+        if compression.batch_dim == 0 and rank == 0:
+            print("pp_compress: the model sends [seq, batch, hidden], so batch_dim=1", file=sys.stderr)
+        compression = dataclasses.replace(compression, batch_dim=1)
+    engine, *_ = ppd.initialize(model=module, config=config, compression=compression,
                                 model_parameters=[p for p in module.parameters() if p.requires_grad])
     ckpt = args.out / "ckpt"
     if args.resume:
@@ -236,7 +251,7 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
     if main and start == 0:
         (args.out / "run.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                        "model": model_cfg, "pp_compress": str(engine.pp_compress.cfg),
-                                                       "world": world, "stages": args.stages}, indent=1))
+                                                       "world": world, "stages": args.stages, "tp": args.tp}, indent=1))
     bar = tqdm(total=args.steps, initial=start, disable=not main, dynamic_ncols=True, unit="step")
     last = {"t": time.perf_counter(), "step": start, **wire_totals(engine)}
     losses: list[float] = []
