@@ -20,6 +20,10 @@ ap.add_argument("--bf16", action="store_true")
 ap.add_argument("--hidden", type=int, default=64)
 ap.add_argument("--ckpt", default=None, help="save after steps/2, continue, then resume a fresh engine and compare")
 ap.add_argument("--ids", action="store_true", help="a pool of 16 samples; (x, sample_ids) flows through the stages")
+ap.add_argument("--tp", type=int, default=0, help="the recipe's tiny GPT with Megatron-style tensor parallelism of this "
+                "size ([seq, batch, hidden] between stages, random tokens); 0 = the MLP")
+ap.add_argument("--no-partition", action="store_true", help="--tp: DeepSpeed's pipeline.pipe_partitioned/grad_partitioned "
+                "off (every TP rank sends the whole tensor)")
 ap.add_argument("--enable", action="store_true", help="pp_compress.deepspeed.enable(), then stock deepspeed.initialize("
                 "args=...) with the spec as the JSON file's pp_compress section (no section without --spec)")
 ap.add_argument("--mask", action="store_true", help="(x, bool mask) flows through the stages, and the module is named "
@@ -49,6 +53,7 @@ p2p.send = counting_send
 deepspeed.init_distributed(dist_backend="gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 D, H, MBS, GAS = 16, args.hidden, 4, 4
+VOCAB, SEQ = 64, 16  # --tp
 
 
 class OnHidden(nn.Module):
@@ -70,16 +75,23 @@ class GPT2ModelPipe(PipelineModule):
 
 def make_engine():
     torch.manual_seed(0)
-    layers = [LayerSpec(OnHidden, "linear", D, H), LayerSpec(OnHidden, "gelu")]
-    for _ in range(2 * args.stages - 2):
-        layers += [LayerSpec(OnHidden, "linear", H, H), LayerSpec(OnHidden, "gelu")]
-    layers += [LayerSpec(OnHidden, "linear", H, D, last=True)]
-    model = (GPT2ModelPipe if args.mask else PipelineModule)(layers=layers, num_stages=args.stages, loss_fn=nn.MSELoss(),
-                                                             partition_method="uniform")
-    dp = world // args.stages
+    if args.tp:
+        from recipes.model import GPTConfig, pipeline_module
+
+        model = pipeline_module(GPTConfig.preset("tiny", vocab_size=VOCAB, layout="sbh"), args.stages, tp=args.tp)
+    else:
+        layers = [LayerSpec(OnHidden, "linear", D, H), LayerSpec(OnHidden, "gelu")]
+        for _ in range(2 * args.stages - 2):
+            layers += [LayerSpec(OnHidden, "linear", H, H), LayerSpec(OnHidden, "gelu")]
+        layers += [LayerSpec(OnHidden, "linear", H, D, last=True)]
+        model = (GPT2ModelPipe if args.mask else PipelineModule)(layers=layers, num_stages=args.stages,
+                                                                 loss_fn=nn.MSELoss(), partition_method="uniform")
+    dp = world // (args.stages * max(args.tp, 1))
     cfg = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": GAS,
            "train_batch_size": MBS * GAS * dp, "steps_per_print": 10**9, "bf16": {"enabled": args.bf16},
            "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}}}
+    if args.no_partition:
+        cfg["pipeline"] = {"pipe_partitioned": False, "grad_partitioned": False}
     if args.enable:  # the Megatron-DeepSpeed path: one line, then the script's own deepspeed.initialize
         ppd.enable()
         if args.spec:
@@ -99,6 +111,9 @@ def make_engine():
 
 
 def data(seed, skip=0):
+    if args.tp:
+        yield from tokens(seed, skip)
+        return
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(D, D, generator=torch.Generator().manual_seed(1)) / D**0.5
     pool = torch.randn(16, D, generator=torch.Generator().manual_seed(2))
@@ -113,6 +128,17 @@ def data(seed, skip=0):
             yield ((inp, *extra) if extra else inp), torch.tanh(x @ w) * 2
 
 
+def tokens(seed, skip=0):
+    """--tp: next-token batches (MBS, SEQ) from a pool of 16 random sequences (and their pool ids with --ids)."""
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.randint(0, VOCAB, (16, SEQ + 1), generator=torch.Generator().manual_seed(2))
+    for i in range(10**9):
+        ids = torch.randperm(16, generator=g)[:MBS]
+        if i >= skip:
+            seq = pool[ids]
+            yield ((seq[:, :-1], ids) if args.ids else seq[:, :-1]), seq[:, 1:]
+
+
 engine = make_engine()
 dp_id = engine.grid.data_parallel_id
 it = data(100 + dp_id)
@@ -122,7 +148,8 @@ for _ in range(steps):
     losses.append(float(engine.train_batch(it)))
 step_time = (time.perf_counter() - t0) / steps
 sent_train = SENT["bytes"]
-result = {"rank": rank, "stage": engine.stage_id, "engine": type(engine).__name__, "dp": dp_id, "losses": losses, "sent_bytes": sent_train,
+result = {"rank": rank, "stage": engine.stage_id, "engine": type(engine).__name__, "dp": dp_id,
+          "tp": engine.grid.get_slice_parallel_rank() if args.tp else 0, "losses": losses, "sent_bytes": sent_train,
           "step_time": step_time, "stats": engine.pp_compress_stats() if args.spec else {}}
 if args.ckpt:
     engine.save_checkpoint(args.ckpt)

@@ -101,3 +101,15 @@ def test_finetune_loads_a_llama_checkpoint_per_stage(tmp_path):
     train = rows(out, "train")
     assert len(train) == 3 and all(math.isfinite(r["loss"]) for r in train)
     assert json.loads((out / "run.json").read_text())["model"]["base_checkpoint"] == str(ckpt)
+
+
+def test_tensor_parallel_recipe_reproduces_tp1(tmp_path):
+    """`--stages 2 --tp 2` (4 processes, Megatron-style TP blocks, [seq, batch, hidden] between stages, DeepSpeed's
+    partitioned pipes) starts from TP=1's weights and follows its losses to float tolerance."""
+    common = [*TINY, "--steps", "4", "--stages", "2", "--eval-every", "0"]
+    ok(*run_job(ROOT / "recipes/pretrain.py", 2, *common, "--sbh", "--pp-compress", "none", "--out", str(tmp_path / "tp1")))
+    ok(*run_job(ROOT / "recipes/pretrain.py", 4, *common, "--tp", "2", "--pp-compress", "none", "--out", str(tmp_path / "tp2")))
+    one, two = (rows(tmp_path / d, "train") for d in ("tp1", "tp2"))
+    assert [r["loss"] for r in one] == pytest.approx([r["loss"] for r in two], rel=1e-5)
+    run = json.loads((tmp_path / "tp2" / "run.json").read_text())
+    assert run["tp"] == 2 and run["model"]["layout"] == "sbh" and "batch_dim=1" in run["pp_compress"]
