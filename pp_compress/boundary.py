@@ -14,7 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from .config import CompressionConfig, parse_spec
-from .ops.base import Compressor, Context
+from .ops.base import Compressor, Context, TensorSpec
+from .policy import BoundaryPolicy, Where
 from .stats import DirectionStats
 
 
@@ -66,43 +67,35 @@ class CompressionBoundary(nn.Module):
         self.cfg = parse_spec(cfg) if isinstance(cfg, str) else cfg
         self.boundary = boundary
         self.name = name or f"boundary{boundary}"
-        spec = {d: self.cfg.spec_for(boundary, d) for d in ("act", "grad")}
-        self.ops = {d: (None if s.is_identity else s.build(self.cfg.nonfinite)) for d, s in spec.items()}
-        eval_spec = self.cfg.spec_for(boundary, "act", training=False)
-        same = eval_spec == spec["act"]
-        self.eval_op = self.ops["act"] if same else (None if eval_spec.is_identity else eval_spec.build(self.cfg.nonfinite))
+        self.policy = BoundaryPolicy(self.cfg)  # the same decisions as a pipeline's boundary
+        self.ops = {d: self.policy.op(boundary, d, True) for d in ("act", "grad")}  # built now: bad specs fail here
+        self.eval_op = self.policy.op(boundary, "act", False)
         self.stats = {"act": DirectionStats(), "grad": DirectionStats(), "eval": DirectionStats()}
         self.step = 0
         self.sample_ids: Tensor | None = None
 
-    def _ctx(self, direction: str, step: int, training: bool, sample_ids: Tensor | None) -> Context:
-        return Context(name=f"{self.name}.{direction}", boundary=self.boundary, direction=direction, step=step,
-                       seed=self.cfg.seed, sample_ids=sample_ids, training=training, batch_dim=self.cfg.batch_dim)
-
     def forward(self, x: Tensor, sample_ids: Tensor | None = None) -> Tensor:
         sample_ids = sample_ids if sample_ids is not None else self.sample_ids
+        spec = TensorSpec(tuple(x.shape), x.dtype)
         if not self.training:
-            op = self.eval_op if self.cfg.compresses(x.numel(), x.dtype, self.step, False) else None
-            return _roundtrip(op, x, self._ctx("act", self.step, False, sample_ids), self.stats["eval"])
+            where = Where(self.boundary, "act", self.step, training=False)
+            return _roundtrip(self.policy.plan(spec, where), x, self.policy.context(where, 0, sample_ids, name=self.name),
+                              self.stats["eval"])
         step, self.step = self.step, self.step + 1
-        live = self.cfg.compresses(x.numel(), x.dtype, step, True)
-        act, grad = (self.ops["act"], self.ops["grad"]) if live else (None, None)
-        return compressed_boundary(x, act, grad, self._ctx("act", step, True, sample_ids),
-                                   self._ctx("grad", step, True, sample_ids), self.stats)
+        act_w, grad_w = Where(self.boundary, "act", step), Where(self.boundary, "grad", step)
+        return compressed_boundary(x, self.policy.plan(spec, act_w), self.policy.plan(spec, grad_w),
+                                   self.policy.context(act_w, 0, sample_ids, name=self.name),
+                                   self.policy.context(grad_w, 0, sample_ids, name=self.name), self.stats)
 
     def get_extra_state(self) -> dict[str, Any]:
-        state = {d: op.state_dict() for d, op in self.ops.items() if op is not None}
-        if self.eval_op is not None and self.eval_op is not self.ops["act"]:
-            state["eval"] = self.eval_op.state_dict()
-        return {"step": self.step, "config": str(self.cfg), "ops": state}
+        return {"step": self.step, **self.policy.state_dict()}
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
-        if state["config"] != str(self.cfg):
-            raise ValueError(f"{self.name}: state was saved with config {state['config']!r}, this boundary has {str(self.cfg)!r}")
+        try:
+            self.policy.load_state_dict(state)
+        except ValueError as e:
+            raise ValueError(f"{self.name}: {e}") from None
         self.step = int(state["step"])
-        for d, op in [*self.ops.items(), ("eval", self.eval_op)]:
-            if op is not None and (d != "eval" or op is not self.ops["act"]):
-                op.load_state_dict(state["ops"].get(d, {}))
 
     def extra_repr(self) -> str:
         return f"boundary={self.boundary}, cfg='{self.cfg}'"

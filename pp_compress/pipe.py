@@ -1,9 +1,9 @@
 """Compressed point-to-point traffic of one pipeline stage, independent of the engine that drives it.
 
-`StageCompression.send(...)` compresses each floating-point tensor of what crosses a boundary into
-one flat uint8 buffer and hands it to `send_fn` (one message per tensor); non-float tensors go as
-they are (bool as its uint8 bytes), and first. `recv(...)` computes the same layout from the uncompressed (shape, dtype) the
-receiver already knows, receives exactly that many bytes and decompresses. No extra metadata travels.
+`StageCompression.encode(...)` compresses each floating-point tensor of what crosses a boundary into one flat uint8
+buffer (one message per tensor); non-float tensors go as they are (bool as its uint8 bytes), and first. The receiver
+computes the same layouts from the uncompressed (shape, dtype) it already knows (`recv_buffers`), receives exactly
+that many bytes and decompresses (`decode`). No extra metadata travels. `send` / `recv` do this over blocking p2p.
 
 Sample ids (for `+aqsgd`) ride in the activation tuple itself: when its last tensor is a 1-D integer
 tensor, it holds one id per row. It arrives before the float tensors, so both sides key their
@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from .config import CompressionConfig
-from .ops.base import FLOAT_DTYPES, Compressor, Context, TensorSpec
+from .ops.base import Compressor, Context, TensorSpec
+from .policy import BoundaryPolicy, Where
 from .stats import DirectionStats
 from .wire import from_buffer, to_buffer
 
@@ -34,146 +35,174 @@ tensor-parallel engine uses it to give the flat 1/TP slice it sends back its row
 
 
 class StageCompression:
-    """Compressors, their state and byte counters for the boundaries one stage touches."""
+    """Compressors, their state and byte counters for the boundaries one stage touches.
+
+    Compression is separate from transport. `encode` turns a tuple into the buffers to send (in wire order, one
+    message each); `plain_buffers` and `recv_buffers` allocate what to receive into; `decode` turns received buffers
+    back into the tuple. An engine that posts its own (batched, asynchronous) P2P ops on preallocated buffers calls
+    these; `send` and `recv` are the blocking helpers DeepSpeed's p2p uses. Receiving comes in two phases because the
+    float payloads' layouts may depend on integer tensors of the same tuple (sample ids for +aqsgd, a tensor-parallel
+    partition's meta): receive the plain buffers first, then allocate and receive the payloads (both in one batch
+    when the config needs neither).
+    """
 
     def __init__(self, cfg: CompressionConfig, stage: int, num_stages: int) -> None:
-        self.cfg, self.stage, self.num_stages = cfg, stage, num_stages
+        self.stage, self.num_stages = stage, num_stages
         for b in cfg.boundaries:
             if b >= num_stages - 1:
                 raise ValueError(f"pp_compress override for boundary {b}, but {num_stages} stages have boundaries 0..{num_stages - 2}")
-        self._ops: dict[tuple[int, str, bool], Compressor | None] = {}
+        self.policy = BoundaryPolicy(cfg)
         self.stats: dict[str, DirectionStats] = {}
         self._act_floats: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
         """Per boundary this stage sends activations over: (tuple position, shape as compressed) of its float tensors,
         in the order their gradients come back."""
 
+    @property
+    def cfg(self) -> CompressionConfig:
+        return self.policy.cfg
+
     def op(self, boundary: int, direction: str, training: bool) -> Compressor | None:
-        key = (boundary, direction, training)
-        if key not in self._ops:
-            spec = self.cfg.spec_for(boundary, direction, training)
-            same = self._ops.get((boundary, direction, True)) if not training and spec == self.cfg.spec_for(boundary, direction) else None
-            self._ops[key] = same or (None if spec.is_identity else spec.build(self.cfg.nonfinite))
-        return self._ops[key]
+        return self.policy.op(boundary, direction, training)
 
-    def _plan(self, spec: TensorSpec, ctx: Context) -> Compressor | None:
-        if spec.dtype not in FLOAT_DTYPES or not self.cfg.compresses(spec.numel, spec.dtype, ctx.step, ctx.training):
-            return None
-        return self.op(ctx.boundary, ctx.direction, ctx.training)
+    def _stats(self, where: Where) -> DirectionStats:
+        """The sender counts calls and bytes, the receiver adds its decompression time to the same key."""
+        return self.stats.setdefault(where.stats_key, DirectionStats())
 
-    def _ctx(self, boundary: int, direction: str, step: int, micro_batch: int, training: bool, i: int,
-             sample_ids: Tensor | None, view: View | None = None) -> Context:
-        bd = self.cfg.batch_dim if view is None else (view[1] if view[1] is not None else 0)
-        return Context(name=f"boundary{boundary}.{direction}", boundary=boundary, direction=direction, step=step,
-                       micro_batch=micro_batch, tensor=i, seed=self.cfg.seed, sample_ids=sample_ids, training=training,
-                       batch_dim=bd)
+    def _plan(self, spec: TensorSpec, where: Where, i: int, ids: Tensor | None,
+              view: View | None) -> tuple[Compressor | None, Context]:
+        ctx = self.policy.context(where, i, ids, None if view is None else (view[1] if view[1] is not None else 0))
+        op = self.policy.plan(spec, where)
+        if op is not None:
+            if ctx.sample_ids is None and where.training and getattr(op, "tag", "") == "aqsgd":
+                raise ValueError(f"{ctx.name}: +aqsgd needs sample ids on every stage: make the tensors that cross the "
+                                 "boundary a tuple ending with an integer tensor of shape (micro_batch,) holding "
+                                 "the sample ids, e.g. (hidden, sample_ids); see README 'Sample ids'")
+            if view is not None and view[1] is None and op.batch_grouped():
+                raise ValueError(f"{ctx.name}: tensor {i} travels as a tensor-parallel slice of shape {view[0]} that "
+                                 f"holds no whole samples, and {op.spec} groups per sample; use a per-row operator (e.g. "
+                                 "int8, topk:<r>:per=row) or a sequence length divisible by the tensor-parallel size")
+        return op, ctx
 
-    @staticmethod
-    def _check_view(op: Compressor, ctx: Context, view: View | None) -> None:
-        if view is not None and view[1] is None and op.batch_grouped():
-            raise ValueError(f"{ctx.name}: tensor {ctx.tensor} travels as a tensor-parallel slice of shape {view[0]} that "
-                             f"holds no whole samples, and {op.spec} groups per sample; use a per-row operator (e.g. "
-                             "int8, topk:<r>:per=row) or a sequence length divisible by the tensor-parallel size")
-
-    def _stats(self, boundary: int, direction: str, training: bool) -> DirectionStats:
-        """Counters under "b<boundary>.<act|grad>" (training) or "b<boundary>.act_eval"; the sender counts
-        calls and bytes, the receiver adds its decompression time to the same name."""
-        return self.stats.setdefault(f"b{boundary}.{direction}" + ("" if training else "_eval"), DirectionStats())
-
-    def _check_ids(self, op: Compressor, ctx: Context) -> None:
-        if ctx.sample_ids is None and ctx.training and getattr(op, "tag", "") == "aqsgd":
-            raise ValueError(f"{ctx.name}: +aqsgd needs sample ids on every stage: make the tensors that cross the "
-                             "boundary a tuple ending with an integer tensor of shape (micro_batch,) holding "
-                             "the sample ids, e.g. (hidden, sample_ids); see README 'Sample ids'")
-
-    def send(self, tensors: list[Tensor], boundary: int, direction: str, step: int, micro_batch: int,
-             training: bool, send_fn: Transfer, sample_ids: Tensor | None = None, views: Views | None = None) -> None:
-        """Send what crosses one boundary: integer/bool tensors first (as they are), then each float
-        tensor compressed. For activations, the sample ids are found in `tensors` (see `sample_ids_of`)."""
-        stats = self._stats(boundary, direction, training)
+    # --- compression ------------------------------------------------------------------------
+    def encode(self, tensors: list[Tensor], where: Where, sample_ids: Tensor | None = None,
+               views: Views | None = None) -> list[tuple[int, Tensor]]:
+        """(tuple position, buffer) for each tensor, in wire order: integer/bool tensors first, as they are (bool as
+        uint8), then each float tensor compressed into one flat uint8 buffer (or as it is where the policy says so).
+        For activations the sample ids are found in `tensors` (see `sample_ids_of`)."""
+        stats = self._stats(where)
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
         seen = views(list(tensors)) if views else {}
-        if direction == "act":
-            self._act_floats[boundary] = [(i, seen[i][0] if i in seen else s.shape) for i, s in enumerate(specs)
-                                          if s.dtype.is_floating_point]
+        if where.direction == "act":
+            self._act_floats[where.boundary] = [(i, seen[i][0] if i in seen else s.shape) for i, s in enumerate(specs)
+                                                if s.dtype.is_floating_point]
         ids = sample_ids if sample_ids is not None else sample_ids_of(tensors)
+        out = []
         for i in wire_order(specs):
             t = tensors[i]
-            ctx = self._ctx(boundary, direction, step, micro_batch, training, i, ids, seen.get(i))
-            op = self._plan(specs[i], ctx)
+            op, ctx = self._plan(specs[i], where, i, ids, seen.get(i))
             raw = t.numel() * t.element_size()
             if op is None:
-                send_fn(_wire(t.contiguous()))
+                out.append((i, _wire(t.contiguous())))
                 stats.record(raw, raw)
                 continue
-            self._check_ids(op, ctx)
-            self._check_view(op, ctx, seen.get(i))
-            if i in seen:
-                t = t.reshape(seen[i][0])
+            t = t.reshape(seen[i][0]) if i in seen else t
             t0 = time.perf_counter()
             payload = op.compress(t.detach(), ctx)
             buf = to_buffer(payload)
-            t1 = time.perf_counter()
-            send_fn(buf)
-            stats.record(raw, buf.numel(), compress_s=t1 - t0)
+            stats.record(raw, buf.numel(), compress_s=time.perf_counter() - t0)
             stats.saturated = op.saturated  # cumulative per operator, and one operator per boundary and direction
-            if self.cfg.error_every and micro_batch == 0 and step % self.cfg.error_every == 0:
+            if self.cfg.error_every and where.micro_batch == 0 and where.step % self.cfg.error_every == 0:
                 stats.record_error(t, op.estimate(payload, ctx))
+            out.append((i, buf))
+        return out
+
+    @staticmethod
+    def plain_buffers(specs: list[TensorSpec], device: torch.device) -> list[tuple[int, Tensor]]:
+        """Phase 1 of receiving: (position, buffer) for the integer/bool tensors, which travel first and as they are."""
+        return [(i, torch.empty(s.shape, dtype=torch.uint8 if s.dtype == torch.bool else s.dtype, device=device))
+                for i, s in enumerate(specs) if not s.dtype.is_floating_point]
+
+    def recv_buffers(self, specs: list[TensorSpec], where: Where, device: torch.device, plain: list[Tensor | None],
+                     sample_ids: Tensor | None = None, views: Views | None = None) -> list[tuple[int, Tensor]]:
+        """Phase 2: (position, buffer) for the float tensors, their exact payload sizes derived from (shape, dtype),
+        the config and `plain` (the tuple with its integer tensors received, see `decode`)."""
+        ids, seen = self._known(specs, plain, sample_ids, views)
+        out = []
+        for i, spec in enumerate(specs):
+            if not spec.dtype.is_floating_point:
+                continue
+            op, ctx = self._plan(spec, where, i, ids, seen.get(i))
+            if op is None:
+                out.append((i, torch.empty(spec.shape, dtype=spec.dtype, device=device)))
+                continue
+            layout = op.layout(seen[i][0] if i in seen else spec.shape, spec.dtype, ctx)
+            out.append((i, torch.empty(sum(s.nbytes for s in layout), dtype=torch.uint8, device=device)))
+        return out
+
+    def decode(self, specs: list[TensorSpec], where: Where, plain: list[Tensor | None], buffers: list[tuple[int, Tensor]],
+               sample_ids: Tensor | None = None, views: Views | None = None) -> list[Tensor]:
+        """The tuple in `specs` order from the plain tensors and the received float buffers (`recv_buffers`)."""
+        ids, seen = self._known(specs, plain, sample_ids, views)
+        out = [t.view(torch.bool) if t is not None and s.dtype == torch.bool and t.dtype == torch.uint8 else t
+               for t, s in zip(plain, specs)]  # bool travels as its uint8 bytes
+        for i, buf in buffers:
+            spec = specs[i]
+            op, ctx = self._plan(spec, where, i, ids, seen.get(i))
+            if op is None:
+                out[i] = buf
+                continue
+            shape = seen[i][0] if i in seen else spec.shape
+            t0 = time.perf_counter()
+            layout = op.layout(shape, spec.dtype, ctx)
+            out[i] = op.decompress(from_buffer(buf, layout, torch.Size(shape), spec.dtype), ctx).reshape(spec.shape)
+            self._stats(where).decompress_s += time.perf_counter() - t0
+        if where.direction == "grad" and where.training:
+            self._observe(out, where, sample_ids)  # type: ignore[arg-type]
+        return out  # type: ignore[return-value]
+
+    @staticmethod
+    def _known(specs: list[TensorSpec], plain: list[Tensor | None], sample_ids: Tensor | None,
+               views: Views | None) -> tuple[Tensor | None, dict[int, View]]:
+        """Sample ids (given, or the tuple's last integer tensor) and the views, from what arrived in phase 1."""
+        ids = sample_ids if sample_ids is not None else (plain[-1] if len(specs) > 1 and _is_ids(specs[-1]) else None)
+        return ids, (views(plain) if views else {})
+
+    # --- blocking transport (DeepSpeed's p2p) -------------------------------------------------
+    def send(self, tensors: list[Tensor], boundary: int, direction: str, step: int, micro_batch: int,
+             training: bool, send_fn: Transfer, sample_ids: Tensor | None = None, views: Views | None = None) -> None:
+        """Send what crosses one boundary, one blocking message per tensor (see `encode`)."""
+        for _, buf in self.encode(tensors, Where(boundary, direction, step, micro_batch, training), sample_ids, views):
+            send_fn(buf)
 
     def recv(self, specs: list[TensorSpec], boundary: int, direction: str, step: int, micro_batch: int,
              training: bool, recv_fn: Transfer, device: torch.device, sample_ids: Tensor | None = None,
              views: Views | None = None) -> list[Tensor]:
         """Receive what `send` sent, in the same order; returns the tensors in `specs` order."""
-        out: list[Tensor | None] = [None] * len(specs)
-        ids = sample_ids
-        seen: dict[int, View] | None = None
-        for i in wire_order(specs):
-            spec = specs[i]
-            if spec.dtype.is_floating_point and seen is None:  # integer tensors arrived first
-                seen = views(out) if views else {}
-                if ids is None and len(specs) > 1 and _is_ids(specs[-1]):
-                    ids = out[-1]  # so the sample ids are known
-            view = seen.get(i) if seen else None
-            ctx = self._ctx(boundary, direction, step, micro_batch, training, i, ids, view)
-            op = self._plan(spec, ctx)
-            if op is None:
-                buf = torch.empty(spec.shape, dtype=torch.uint8 if spec.dtype == torch.bool else spec.dtype, device=device)
-                recv_fn(buf)
-                out[i] = buf.view(torch.bool) if spec.dtype == torch.bool else buf
-                continue
-            self._check_ids(op, ctx)
-            self._check_view(op, ctx, view)
-            shape = view[0] if view else spec.shape
-            layout = op.layout(shape, spec.dtype, ctx)
-            buf = torch.empty(sum(s.nbytes for s in layout), dtype=torch.uint8, device=device)
+        where = Where(boundary, direction, step, micro_batch, training)
+        plain: list[Tensor | None] = [None] * len(specs)
+        for i, buf in self.plain_buffers(specs, device):
             recv_fn(buf)
-            t0 = time.perf_counter()
-            out[i] = op.decompress(from_buffer(buf, layout, torch.Size(shape), spec.dtype), ctx).reshape(spec.shape)
-            self._stats(boundary, direction, training).decompress_s += time.perf_counter() - t0
-        if direction == "grad" and training:
-            self._observe(out, boundary, step, micro_batch, sample_ids)  # type: ignore[arg-type]
-        return out  # type: ignore[return-value]
+            plain[i] = buf.view(torch.bool) if specs[i].dtype == torch.bool else buf
+        buffers = self.recv_buffers(specs, where, device, plain, sample_ids, views)
+        for _, buf in buffers:
+            recv_fn(buf)
+        return self.decode(specs, where, plain, buffers, sample_ids, views)
 
-    def _observe(self, grads: list[Tensor], boundary: int, step: int, micro_batch: int, sample_ids: Tensor | None) -> None:
+    def _observe(self, grads: list[Tensor], where: Where, sample_ids: Tensor | None) -> None:
         """Hand the gradients that came back to the activation operator that sent their tensors (mdtopk learns from
-        them; for every other operator it does nothing). The j-th gradient belongs to the j-th float activation."""
-        act, floats = self._ops.get((boundary, "act", True)), self._act_floats.get(boundary)
+        them; for every other operator it does nothing). The j-th float gradient belongs to the j-th float activation."""
+        act, floats = self.policy.built(where.boundary, "act"), self._act_floats.get(where.boundary)
         if act is None or floats is None:
             return
+        act_where = Where(where.boundary, "act", where.step, where.micro_batch, True)
         for (i, shape), g in zip(floats, [g for g in grads if g.is_floating_point()]):
-            act.observe(g.reshape(shape), self._ctx(boundary, "act", step, micro_batch, True, i, sample_ids))
+            act.observe(g.reshape(shape), self.policy.context(act_where, i, sample_ids))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"config": str(self.cfg),
-                "ops": {f"{b}.{d}": op.state_dict() for (b, d, tr), op in self._ops.items() if op is not None and tr}}
+        return self.policy.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["config"] != str(self.cfg):
-            raise ValueError(f"checkpoint was written with pp_compress config {state['config']!r}, this run has {str(self.cfg)!r}")
-        for key, sub in state["ops"].items():
-            b, d = key.split(".")
-            op = self.op(int(b), d, True)
-            if op is not None:
-                op.load_state_dict(sub)
+        self.policy.load_state_dict(state)
 
 
 def _wire(t: Tensor) -> Tensor:

@@ -54,15 +54,25 @@ class DirectionStats:
             "compress_s": round(self.compress_s, 6),
             "decompress_s": round(self.decompress_s, 6),
             "saturated": self.saturated,
+            "err_sq": self.err_sq,
+            "ref_sq": self.ref_sq,
         }
 
 
-def format_table(rows: dict[str, DirectionStats]) -> str:
-    """A fixed-width table of named stats, e.g. {"b0.act": ..., "b0.grad": ...}."""
+def format_table(rows: dict[str, DirectionStats] | dict[str, dict[str, Any]]) -> str:
+    """A fixed-width table of named stats, e.g. {"b0.act": ..., "b0.grad": ...} (DirectionStats or their as_dict())."""
     head = f"{'where':<12} {'calls':>6} {'raw MB':>9} {'wire MB':>9} {'ratio':>7} {'rel err':>8}"
     lines = [head, "-" * len(head)]
-    for name, s in rows.items():
+    for name, row in rows.items():
+        s = _Row(row) if isinstance(row, dict) else row
         lines.append(
             f"{name:<12} {s.calls:>6} {s.raw_bytes / 1e6:>9.2f} {s.wire_bytes / 1e6:>9.2f} {s.ratio:>7.2f} {s.rel_error:>8.4f}"
         )
     return "\n".join(lines)
+
+
+class _Row:
+    """Attribute access to an as_dict() row, for format_table."""
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        self.__dict__.update(row)

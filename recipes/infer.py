@@ -121,7 +121,7 @@ def main() -> None:
     if dist.get_world_size() != args.stages:
         raise SystemExit(f"inference runs one pipeline: start --stages ({args.stages}) processes, not {dist.get_world_size()}")
     engine, tok, cfg = load(args)
-    result: dict[str, Any] = {"checkpoint": str(args.checkpoint), "pp_compress": str(engine.pp_compress.cfg)}
+    result: dict[str, Any] = {"checkpoint": str(args.checkpoint), "pp_compress": str(engine.pp_compress_config())}
     if args.data:
         def val() -> Iterator:
             if args.data in data.CORPORA:

@@ -79,14 +79,18 @@ def init_distributed() -> None:
 
 
 def finish() -> None:
-    """Leave cleanly: wait for every rank, then tear the process groups down before the interpreter exits.
-    Without this, gloo's threads can abort a rank at exit ("terminate called without an active exception",
-    SIGABRT) after all its work is done, which turns a finished run into a failed job."""
+    """Leave cleanly: wait for every rank, tear the process groups down, then end the process without running C++
+    destructors. gloo's threads can abort a rank at exit ("terminate called without an active exception", SIGABRT)
+    after all its work is done, which turns a finished run into a failed job; the extra process groups of tensor
+    parallelism made it happen even after destroy_process_group. Every output is written and flushed before this."""
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def rank0_first(fn: Any, *a: Any, **kw: Any) -> Any:
@@ -168,6 +172,15 @@ class Logger:
                 if isinstance(v, (int, float)) and k != "step":
                     self.tb.add_scalar(f"{row['kind']}/{k}", v, row["step"])
 
+    def close(self) -> None:
+        """Flush and close every output (TensorBoard buffers its events; `finish` ends the process without finalizers)."""
+        if not self.active:
+            return
+        self.jsonl.close()
+        self.csv_file.close()
+        if self.tb is not None:
+            self.tb.close()
+
 
 def wire_totals(engine: Any) -> dict[str, float]:
     """Sum of every stage's sent bytes (both directions) and error terms, over all ranks of replica 0."""
@@ -175,10 +188,10 @@ def wire_totals(engine: Any) -> dict[str, float]:
 
     rows = {d: [0.0, 0.0, 0.0, 0.0] for d in ("act", "grad")}  # raw, wire, err_sq, ref_sq
     if engine.grid.data_parallel_id == 0:
-        for key, s in engine.pp_compress.stats.items():
+        for key, s in engine.pp_compress_stats().items():
             d = key.split(".")[1]
             if d in rows:
-                rows[d] = [a + b for a, b in zip(rows[d], (s.raw_bytes, s.wire_bytes, s.err_sq, s.ref_sq))]
+                rows[d] = [a + b for a, b in zip(rows[d], (s["raw_bytes"], s["wire_bytes"], s["err_sq"], s["ref_sq"]))]
     t = torch.tensor([v for d in ("act", "grad") for v in rows[d]], dtype=torch.float64)
     dist.all_reduce(t)
     out = {}
@@ -250,7 +263,7 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
     log = Logger(args.out, main)
     if main and start == 0:
         (args.out / "run.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                       "model": model_cfg, "pp_compress": str(engine.pp_compress.cfg),
+                                                       "model": model_cfg, "pp_compress": str(engine.pp_compress_config()),
                                                        "world": world, "stages": args.stages, "tp": args.tp}, indent=1))
     bar = tqdm(total=args.steps, initial=start, disable=not main, dynamic_ncols=True, unit="step")
     last = {"t": time.perf_counter(), "step": start, **wire_totals(engine)}
@@ -284,14 +297,32 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
             engine.save_checkpoint(str(ckpt), client_state={"model": model_cfg})
             last["t"] = time.perf_counter()
     bar.close()
+    log.close()
     every = [None] * world
-    dist.all_gather_object(every, {k: v for k, v in engine.pp_compress.stats.items() if v.calls} if dp_id == 0 else {})
-    stats = {k: v for d in every for k, v in d.items()}
-    summary = {"final_val_loss": val_loss, "steps": args.steps, "pp_compress": str(engine.pp_compress.cfg),
-               "stats": {k: v.as_dict() for k, v in stats.items()}}
+    dist.all_gather_object(every, {k: v for k, v in engine.pp_compress_stats().items() if v["calls"]} if dp_id == 0 else {})
+    stats = _merge(every)
+    summary = {"final_val_loss": val_loss, "steps": args.steps, "pp_compress": str(engine.pp_compress_config()),
+               "stats": stats}
     if main:
-        print(f"pp_compress {engine.pp_compress.cfg}, all boundaries of replica 0, since this process started:\n"
+        print(f"pp_compress {engine.pp_compress_config()}, all boundaries of replica 0, since this process started:\n"
               f"{format_table(dict(sorted(stats.items())))}", file=sys.stderr)
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(f"done: final val loss {val_loss:.4f}; metrics in {args.out / 'metrics.jsonl'}", file=sys.stderr)
     return summary
+
+
+def _merge(per_rank: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """One row per boundary and direction from every rank's pp_compress_stats(): sums over ranks (with tensor
+    parallelism each TP rank sends its own slice, so the sum is the boundary's traffic)."""
+    out: dict[str, dict[str, Any]] = {}
+    for rows in per_rank:
+        for key, r in rows.items():
+            if key not in out:
+                out[key] = dict(r)
+                continue
+            m = out[key]
+            for f in ("calls", "raw_bytes", "wire_bytes", "compress_s", "decompress_s", "err_sq", "ref_sq", "saturated"):
+                m[f] += r[f]
+            m["ratio"] = round(m["raw_bytes"] / m["wire_bytes"], 4) if m["wire_bytes"] else 1.0
+            m["rel_error"] = round((m["err_sq"] / m["ref_sq"]) ** 0.5, 6) if m["ref_sq"] else float("nan")
+    return out

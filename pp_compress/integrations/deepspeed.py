@@ -17,27 +17,24 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import hashlib
 import inspect
-import json
 import os
 from typing import Any
 
 import deepspeed
 import torch
-import torch.distributed as tdist
 from deepspeed.runtime.pipe import p2p, schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.runtime.pipe.module import PipelineModule
 from deepspeed.runtime.utils import PartitionedTensor
 from deepspeed.utils import logger
 
-from ..config import CompressionConfig, parse_spec
+from ..config import CompressionConfig
 from ..ops.base import TensorSpec
 from ..pipe import StageCompression, partition_view, sample_ids_of
+from ..runtime import SECTION, check_same_config, load_json, load_state, resolve_config, save_state
 from ..stats import format_table
 
-SECTION = "pp_compress"
 
 
 class CompressedPipelineEngine(PipelineEngine):
@@ -49,7 +46,7 @@ class CompressedPipelineEngine(PipelineEngine):
         if self.is_grad_partitioned and not self.is_pipe_partitioned:
             raise NotImplementedError("pipeline.grad_partitioned without pipe_partitioned is not supported (DeepSpeed "
                                       "itself rebuilds the partitioned output only when both are set); set both or neither")
-        _check_same_config(cfg)
+        check_same_config(cfg)
         self.pp_compress = StageCompression(cfg, self.stage_id, self.num_stages)
         self._pp_mb: dict[str, int] = {}
         self._pp_act_specs: list[TensorSpec] | None = None
@@ -141,8 +138,13 @@ class CompressedPipelineEngine(PipelineEngine):
 
     # --- statistics and logging ---------------------------------------------------------------
     def pp_compress_stats(self) -> dict[str, dict[str, Any]]:
-        """This stage's counters: raw and wire bytes, ratio, time, per boundary and direction."""
+        """This stage's counters: raw and wire bytes, ratio, time, relative error (and its sums err_sq / ref_sq), per
+        boundary and direction ("b0.act", "b0.grad", "b0.act_eval")."""
         return {k: v.as_dict() for k, v in self.pp_compress.stats.items() if v.calls or v.decompress_s}
+
+    def pp_compress_config(self) -> CompressionConfig:
+        """The compression config this engine runs."""
+        return self.pp_compress.cfg
 
     def train_batch(self, data_iter: Any = None) -> Any:
         loss = super().train_batch(data_iter)
@@ -153,57 +155,22 @@ class CompressedPipelineEngine(PipelineEngine):
         return loss
 
     # --- checkpoints: one file of compression state per global rank ---------------------------
-    def _pp_state_path(self, root: str, tag: str) -> str:
-        return os.path.join(root, tag, f"pp_compress_rank{self.global_rank:05d}.pt")
-
     def save_checkpoint(self, save_dir: str, tag: Any = None, client_state: dict | None = None,
                         save_latest: bool = True, **kwargs: Any) -> Any:
         tag = f"global_step{self.global_steps}" if tag is None else str(tag)
-        os.makedirs(os.path.join(save_dir, tag), exist_ok=True)
         # Before super(): it ends with a barrier and writes `latest` last, so no rank sees a partial checkpoint.
-        torch.save(self.pp_compress.state_dict(), self._pp_state_path(save_dir, tag))
+        save_state(self.pp_compress, os.path.join(save_dir, tag), self.global_rank)
         return super().save_checkpoint(save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest, **kwargs)
 
     def load_checkpoint(self, load_dir: str, tag: Any = None, **kwargs: Any) -> Any:
         load_path, client_state = super().load_checkpoint(load_dir, tag=tag, **kwargs)
         if load_path is not None and not kwargs.get("load_module_only"):  # weights only: no training state
-            path = os.path.join(os.path.dirname(load_path), os.path.basename(self._pp_state_path("", "")))
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"{path} is missing: checkpoint was not written by pp_compress (or by another topology)")
-            self.pp_compress.load_state_dict(torch.load(path, weights_only=False))
+            load_state(self.pp_compress, os.path.dirname(load_path), self.global_rank)
         return load_path, client_state
 
 
 def _ids(tensors: Any) -> Any:
     return None if torch.is_tensor(tensors) else sample_ids_of(list(tensors))
-
-
-def _check_same_config(cfg: CompressionConfig) -> None:
-    """Every rank must compress identically; a mismatch would corrupt silently, so stop everyone."""
-    digest = int.from_bytes(hashlib.blake2b(str(cfg).encode(), digest_size=7).digest(), "little")
-    mine = torch.tensor([digest], dtype=torch.int64)
-    every = [torch.zeros_like(mine) for _ in range(tdist.get_world_size())]
-    tdist.all_gather(every, mine)
-    differ = [r for r, h in enumerate(every) if int(h) != digest]
-    if differ:
-        raise RuntimeError(f"pp_compress config differs across ranks: rank {tdist.get_rank()} runs {str(cfg)!r}, "
-                           f"ranks {differ} run another; every rank must get the same --pp-compress / config section")
-
-
-def resolve_config(config: dict | str | None, compression: CompressionConfig | str | dict | None) -> tuple[dict, CompressionConfig]:
-    """Split a DeepSpeed config (dict or JSON path) into (DeepSpeed part, CompressionConfig); `compression` wins."""
-    ds_config = _load(config)
-    section = ds_config.pop(SECTION, None)
-    chosen = compression if compression is not None else section
-    if chosen is None:
-        return ds_config, CompressionConfig()
-    if isinstance(chosen, CompressionConfig):
-        return ds_config, chosen
-    if isinstance(chosen, str):
-        return ds_config, parse_spec(chosen)
-    if isinstance(chosen, dict):
-        return ds_config, CompressionConfig.from_dict(chosen)
-    raise TypeError(f"compression={chosen!r}; accepted: a spec string, a dict like the '{SECTION}' section, or CompressionConfig")
 
 
 def initialize(model: PipelineModule, config: dict | str | None = None,
@@ -238,13 +205,13 @@ def enable() -> None:
         bound = params.bind_partial(*args, **kwargs).arguments
         ds_args = bound.get("args")
         config = getattr(ds_args, "deepspeed_config", None) or bound.get("config") or bound.get("config_params")
-        if not isinstance(bound.get("model"), PipelineModule) or SECTION not in _load(config):
+        if not isinstance(bound.get("model"), PipelineModule) or SECTION not in load_json(config):
             return stock(*args, **kwargs)
         if getattr(ds_args, "deepspeed_config", None) is not None:  # DeepSpeed would read the file again, section and all
             ds_args = copy.copy(ds_args)
             ds_args.deepspeed_config = None
         rest = {k: v for k, v in bound.items() if k not in ("args", "model", "config", "config_params")}
-        return initialize(bound["model"], config=_load(config), args=ds_args, **rest)
+        return initialize(bound["model"], config=load_json(config), args=ds_args, **rest)
 
     hooked._pp_compress_stock = stock  # type: ignore[attr-defined]
     deepspeed.initialize = hooked
@@ -257,14 +224,6 @@ def disable() -> None:
 
 def _stock_initialize() -> Any:
     return getattr(deepspeed.initialize, "_pp_compress_stock", deepspeed.initialize)
-
-
-def _load(config: dict | str | None) -> dict:
-    """A DeepSpeed config as a dict (a JSON path is read)."""
-    if isinstance(config, str):
-        with open(config) as f:
-            return json.load(f)
-    return dict(config or {})
 
 
 def add_argparse_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

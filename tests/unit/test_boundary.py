@@ -65,8 +65,8 @@ def test_eval_uses_eval_spec_and_leaves_state_alone():
     assert torch.equal(b(x), x)
     b2 = ppc.CompressionBoundary("act=topk:0.1+ef,grad=int8,min_numel=0").eval()  # eval follows act by default
     assert torch.equal(b2(x), ppc.build("topk:0.1").roundtrip(x.detach())[0])
-    assert all(torch.equal(state["_extra_state"]["ops"]["act"]["send"][k], v)
-               for k, v in b.state_dict()["_extra_state"]["ops"]["act"]["send"].items())
+    assert all(torch.equal(state["_extra_state"]["ops"]["0.act"]["send"][k], v)
+               for k, v in b.state_dict()["_extra_state"]["ops"]["0.act"]["send"].items())
 
 
 def test_state_dict_resume_and_config_guard():
@@ -151,7 +151,7 @@ def test_mdtopk_learns_in_process_and_its_w_is_in_the_state_dict():
     w = b.ops["act"].weights(ppc.Context(direction="act"), 16, torch.device("cpu"))
     assert set(torch.topk(w, 3).indices.tolist()) == set(hot)
     state = b.get_extra_state()
-    assert "log_w" in state["ops"]["act"]
+    assert "log_w" in state["ops"]["0.act"]
     fresh = ppc.CompressionBoundary("act=mdtopk:0.25,grad=none,min_numel=0")
     fresh.set_extra_state(state)
     assert torch.equal(fresh.ops["act"].weights(ppc.Context(direction="act"), 16, torch.device("cpu")), w)

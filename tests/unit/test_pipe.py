@@ -128,3 +128,38 @@ def test_partition_view_keeps_the_most_structure(shape, parts, rank, batch_dim, 
     for s in got[0]:
         n *= s
     assert n == length and got == view
+
+
+def test_encode_and_decode_serve_an_engine_that_posts_every_buffer_at_once():
+    """Compression apart from transport: with no sample ids or views, the receiver allocates every buffer up front
+    (as a batched, asynchronous P2P engine does), and gets what the blocking send/recv path gets."""
+    from pp_compress.policy import Where
+
+    a, b = _pair("act=int4:rot,grad=int8")
+    x = [torch.randn(4, 8, 64), torch.tensor([3, 1, 2, 0]), torch.randn(2, 64)]
+    specs = [TensorSpec(tuple(t.shape), t.dtype) for t in x]
+    where = Where(0, "act", step=3)
+    sent = a.encode(x, where)
+    assert [i for i, _ in sent] == [1, 0, 2]  # integer tensors first
+    plain_bufs = b.plain_buffers(specs, torch.device("cpu"))
+    float_bufs = b.recv_buffers(specs, where, torch.device("cpu"), [None] * 3)
+    for (i, dst), (j, src) in zip(plain_bufs + float_bufs, sent):  # "post" them all, then complete
+        assert i == j and dst.shape == src.shape and dst.dtype == src.dtype
+        dst.copy_(src)
+    plain = [None] * 3
+    for i, buf in plain_bufs:
+        plain[i] = buf
+    got = b.decode(specs, where, plain, float_bufs)
+    c, d = _pair("act=int4:rot,grad=int8")
+    send, recv = _link()
+    c.send(x, 0, "act", step=3, micro_batch=0, training=True, send_fn=send)
+    ref = d.recv(specs, 0, "act", step=3, micro_batch=0, training=True, recv_fn=recv, device=torch.device("cpu"))
+    assert all(torch.equal(g, r) for g, r in zip(got, ref))
+
+
+def test_where_names_its_direction():
+    from pp_compress.policy import Where
+
+    with pytest.raises(ValueError, match="direction='fwd'"):
+        Where(0, "fwd")
+    assert Where(2, "act", training=False).stats_key == "b2.act_eval"
