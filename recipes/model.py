@@ -63,6 +63,12 @@ class GPTConfig:
     layout: str = "bsh"
     """Layout of the hidden states between layers (and pipeline stages): 'bsh' (batch, seq, hidden) or Megatron's
     'sbh' (seq, batch, hidden); pp_compress then needs batch_dim=1."""
+    subspace: int | None = None
+    """Subspace pipelines (Protocol Models): every residual write but the last block's lies in span(U), U a fixed
+    d x k orthonormal basis, so layers pass the k coordinates c = U^T (x - E0[ids]) and the token ids instead of x.
+    None = a dense model."""
+    subspace_seed: int = 1234
+    """Seed of the fixed token embedding E0 and basis U (identical on every rank, never trained, not checkpointed)."""
 
     def __post_init__(self) -> None:
         if self.mlp not in ("swiglu", "gelu"):
@@ -71,6 +77,8 @@ class GPTConfig:
             raise ValueError(f"norm={self.norm!r}; accepted: 'rmsnorm', 'layernorm'")
         if self.layout not in ("bsh", "sbh"):
             raise ValueError(f"layout={self.layout!r}; accepted: 'bsh', 'sbh'")
+        if self.subspace is not None and not 1 <= self.subspace <= self.d_model:
+            raise ValueError(f"subspace={self.subspace}; accepted: None or an integer in 1..d_model={self.d_model}")
         if min(self.vocab_size, self.n_layer, self.n_head, self.d_model) < 1 or self.d_model % self.n_head:
             raise ValueError(f"need positive sizes and d_model % n_head == 0, got d_model={self.d_model}, n_head={self.n_head}")
         if self.n_head % self.kv_heads:
@@ -133,6 +141,40 @@ def _norm(cfg: GPTConfig) -> nn.Module:
     return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
 
 
+_BASES: dict[tuple[int, int, int, int], tuple[Tensor, Tensor]] = {}
+
+
+def subspace_basis(cfg: GPTConfig) -> tuple[Tensor, Tensor]:
+    """(E0 (V, d), U (d, k)) for cfg.subspace: a random token embedding of the init scale and the Q of a Gaussian's
+    QR (orthonormal columns), both from cfg.subspace_seed, so every rank and every load regenerates them bit for
+    bit. Shared by all layers of a process."""
+    key = (cfg.vocab_size, cfg.d_model, int(cfg.subspace or 0), cfg.subspace_seed)
+    if key not in _BASES:
+        g = torch.Generator().manual_seed(cfg.subspace_seed)
+        e0 = torch.randn(cfg.vocab_size, cfg.d_model, generator=g) * cfg.init_std  # (V, d)
+        u = torch.linalg.qr(torch.randn(cfg.d_model, key[2], generator=g, dtype=torch.float64)).Q.float()  # (d, k)
+        _BASES[key] = (e0, u)
+    return _BASES[key]
+
+
+def id_dtype(vocab_size: int) -> torch.dtype:
+    """The smallest integer dtype holding every token id: what travels next to the coordinates."""
+    return torch.uint8 if vocab_size <= 256 else torch.int16 if vocab_size <= 32768 else torch.int32
+
+
+class _Subspace(nn.Module):
+    """E0 and U as non-persistent buffers (regenerated from the seed, never saved), for the layers that need them."""
+
+    def _subspace_buffers(self, cfg: GPTConfig) -> None:
+        e0, u = subspace_basis(cfg)
+        self.register_buffer("e0", e0, persistent=False)
+        self.register_buffer("u", u, persistent=False)
+
+    def dense(self, c: Tensor, ids: Tensor) -> Tensor:
+        """The residual stream x = E0[ids] + U c: (..., k) coordinates and (...) token ids -> (..., d)."""
+        return F.embedding(ids.long(), self.e0).to(c.dtype) + c @ self.u.to(c.dtype).T
+
+
 def _rope(cfg: GPTConfig, t: int, device: torch.device) -> tuple[Tensor, Tensor]:
     inv = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=device, dtype=torch.float32) / cfg.head_dim)
     freqs = torch.outer(torch.arange(t, device=device, dtype=torch.float32), inv)  # (T, hd/2)
@@ -145,7 +187,7 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x.float() * cos + torch.cat([-x2, x1], dim=-1).float() * sin).to(x.dtype)  # (B, H, T, hd)
 
 
-class _Loadable(nn.Module):
+class _Loadable(_Subspace):
     """A layer that can fill itself from a transformers checkpoint: {our name: checkpoint name}."""
 
     def hf_names(self) -> dict[str, str]:
@@ -181,8 +223,14 @@ class Embedding(_Loadable):
     def __init__(self, cfg: GPTConfig, checkpoint: str | Path | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.weight = nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
+        # subspace: only the k-wide part A trains (the embedding is E0 + A U^T), so a tied embedding's all-reduce
+        # between the first and the last stage shrinks by d / k too
+        self.weight = nn.Parameter(torch.empty(cfg.vocab_size, cfg.subspace or cfg.d_model))
         nn.init.normal_(self.weight, std=cfg.init_std)
+        if cfg.subspace is not None:
+            if checkpoint is not None:
+                raise ValueError("a subspace model cannot load a dense checkpoint (its residual writes are not in span(U))")
+            self._subspace_buffers(cfg)
         if checkpoint is not None:
             self.load_hf(checkpoint)
 
@@ -191,11 +239,18 @@ class Embedding(_Loadable):
 
     def forward(self, x: Flow) -> Flow:
         ids, rest = _split(x)
-        h = F.embedding(ids, self.weight)  # (B, T, D)
-        return _join(h.transpose(0, 1).contiguous() if self.cfg.layout == "sbh" else h, rest)  # (T, B, D) for sbh
+        h = F.embedding(ids, self.weight)  # (B, T, D), or the coordinates (B, T, k) of a subspace model
+        sbh = self.cfg.layout == "sbh"
+        h = h.transpose(0, 1).contiguous() if sbh else h  # (T, B, .) for sbh
+        if self.cfg.subspace is None:
+            return _join(h, rest)
+        ids = ids.to(id_dtype(self.cfg.vocab_size))  # (B, T): travels with the coordinates, in as few bytes as fit
+        return (h, ids.t().contiguous() if sbh else ids, *rest)
 
     def logits(self, h: Tensor) -> Tensor:
-        return F.linear(h, self.weight)  # (B, T, V)
+        if self.cfg.subspace is None:
+            return F.linear(h, self.weight)  # (B, T, V)
+        return F.linear(h, self.e0.to(h.dtype)) + F.linear(h @ self.u.to(h.dtype), self.weight)  # h (E0 + A U^T)^T
 
 
 class Block(_Loadable):
@@ -205,22 +260,32 @@ class Block(_Loadable):
         super().__init__()
         self.cfg, self.index = cfg, index
         d, hd, kv = cfg.d_model, cfg.head_dim, cfg.kv_heads
+        # subspace: every block but the last writes k coordinates (o = U B_o, down = U B_down, parametrised: the
+        # constraint holds after any optimizer step, with no projection); the last block stays full rank
+        self.writes_k = cfg.subspace is not None and index < cfg.n_layer - 1
+        out = cfg.subspace if self.writes_k else d
         self.attn_norm, self.mlp_norm = _norm(cfg), _norm(cfg)
         self.q = nn.Linear(d, cfg.n_head * hd, bias=cfg.bias)
         self.k = nn.Linear(d, kv * hd, bias=cfg.bias)
         self.v = nn.Linear(d, kv * hd, bias=cfg.bias)
-        self.o = nn.Linear(cfg.n_head * hd, d, bias=cfg.bias)
+        self.o = nn.Linear(cfg.n_head * hd, out, bias=cfg.bias)
         mlp_bias = cfg.bias and cfg.mlp == "gelu"  # GPT-2 has MLP biases, LLaMA (attention_bias) does not
         if cfg.mlp == "swiglu":
             self.gate = nn.Linear(d, cfg.ff, bias=False)
         self.up = nn.Linear(d, cfg.ff, bias=mlp_bias)
-        self.down = nn.Linear(cfg.ff, d, bias=mlp_bias)
+        self.down = nn.Linear(cfg.ff, out, bias=mlp_bias)
         for name, p in self.named_parameters():
             if p.dim() == 2:
                 std = cfg.init_std / math.sqrt(2 * cfg.n_layer) if name.split(".")[0] in ("o", "down") else cfg.init_std
+                if name.split(".")[0] in ("o", "down") and self.writes_k:  # ||U B y|| = ||B y||: match a dense write
+                    std *= math.sqrt(d / out)
                 nn.init.normal_(p, std=std)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
+        if cfg.subspace is not None:
+            if checkpoint is not None:
+                raise ValueError("a subspace model cannot load a dense checkpoint (its residual writes are not in span(U))")
+            self._subspace_buffers(cfg)
         if checkpoint is not None:
             self.load_hf(checkpoint)
 
@@ -260,9 +325,20 @@ class Block(_Loadable):
 
     def forward(self, x: Flow) -> Flow:
         h, rest = _split(x)
+        if self.cfg.subspace is not None:  # (c, token ids, ...): rebuild x = E0[ids] + U c exactly
+            return self._subspace_forward(h, rest[0], rest[1:])
         h = h + self.attention(self.attn_norm(h))  # (B, T, D)
         h = h + self.mlp(self.mlp_norm(h))  # (B, T, D)
         return _join(h, rest)
+
+    def _subspace_forward(self, c: Tensor, ids: Tensor, rest: tuple[Tensor, ...]) -> Flow:
+        h = self.dense(c, ids)  # (B, T, D)
+        if not self.writes_k:  # the last block: full rank, its output is the dense stream (no boundary follows it)
+            h = h + self.attention(self.attn_norm(h))
+            return _join(h + self.mlp(self.mlp_norm(h)), rest)
+        c = c + self.attention(self.attn_norm(h))  # (B, T, k): the write is U times this
+        c = c + self.mlp(self.mlp_norm(self.dense(c, ids)))  # (B, T, k)
+        return (c, ids, *rest)
 
 
 class Head(_Loadable):

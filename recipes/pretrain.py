@@ -31,6 +31,9 @@ def main() -> None:
     ap.add_argument("--untied", action="store_true",
                     help="an output head of its own instead of the embedding's transpose: no gradient all-reduce of the "
                          "embedding between the first and the last stage each step")
+    ap.add_argument("--subspace", default=None, metavar="K|auto",
+                    help="subspace pipeline (Protocol Models): residual writes in a fixed k-dim subspace, so stages "
+                         "exchange k coordinates + token ids instead of d values; auto = d_model / 16")
     train.add_args(ap, steps=300, lr=1e-3)
     args = ap.parse_args()
     train.init_distributed()
@@ -44,8 +47,12 @@ def main() -> None:
         return tok, *data.lm_datasets(files, tok, args.seq_len, args.val_fraction)
 
     tok, train_ds, val_ds = train.rank0_first(prepare)
+    d_model = GPTConfig.preset(args.model).d_model
+    if args.subspace not in (None, "auto") and not args.subspace.isdigit():
+        raise SystemExit(f"--subspace {args.subspace!r}; accepted: an integer k in 1..{d_model} or auto (d_model / 16)")
+    k = None if args.subspace is None else max(1, d_model // 16) if args.subspace == "auto" else int(args.subspace)
     cfg = GPTConfig.preset(args.model, vocab_size=len(tok), tie_embeddings=not args.untied,
-                           layout="sbh" if args.sbh or args.tp > 1 else "bsh")
+                           layout="sbh" if args.sbh or args.tp > 1 else "bsh", subspace=k)
     if dist.get_rank() == 0:  # the run directory carries its tokenizer: infer.py and eval/ need nothing else
         tok.save_pretrained(args.out / "tokenizer")
     torch.manual_seed(args.seed)  # weights depend on --seed only (not on what ran before, e.g. a cold cache)

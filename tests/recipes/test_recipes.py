@@ -113,3 +113,19 @@ def test_tensor_parallel_recipe_reproduces_tp1(tmp_path):
     assert [r["loss"] for r in one] == pytest.approx([r["loss"] for r in two], rel=1e-5)
     run = json.loads((tmp_path / "tp2" / "run.json").read_text())
     assert run["tp"] == 2 and run["model"]["layout"] == "sbh" and "batch_dim=1" in run["pp_compress"]
+
+
+def test_subspace_pipeline_sends_k_coordinates_and_token_ids_and_infer_loads_it(tmp_path):
+    """`--subspace auto` (k = 64 / 16 = 4): each micro-batch sends c (2, 32, 4) fp32 + token ids (2, 32) int16 (+ the
+    recipe's 2 int64 sample ids) forward and only the coordinates' gradient back; infer.py loads the run."""
+    out = tmp_path / "sub"
+    ok(*run_job(ROOT / "recipes/pretrain.py", 2, *TINY, "--steps", "3", "--stages", "2", "--subspace", "auto",
+                "--pp-compress", "none", "--out", str(out)))
+    train = rows(out, "train")
+    assert {r["act_raw_bytes"] for r in train} == {2 * (2 * 32 * 4 * 4 + 2 * 32 * 2 + 2 * 8)}  # 2 micro-batches per step
+    assert {r["grad_raw_bytes"] for r in train} == {2 * (2 * 32 * 4 * 4)}
+    assert json.loads((out / "run.json").read_text())["model"]["subspace"] == 4
+    res = tmp_path / "infer.json"
+    ok(*run_job(ROOT / "recipes/infer.py", 2, "--checkpoint", str(out), "--data", "fixture", "--ppl-batches", "4",
+                "--seq-len", "32", "--micro-batch", "2", "--pp-compress", "none", "--out", str(res)))
+    assert math.isclose(math.log(json.loads(res.read_text())["val_ppl"]), rows(out, "eval")[-1]["val_loss"], rel_tol=1e-5)
