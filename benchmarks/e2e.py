@@ -3,6 +3,7 @@
     python benchmarks/e2e.py        # as root -> benchmarks/results/e2e.md, e2e.csv, e2e.png (about 15 min)
     python benchmarks/e2e.py --link 100mbit --link none --spec none --spec int8 --steps 8
     python benchmarks/e2e.py --link 25mbit@5ms --model tiny -- --corpus fixture --seq-len 64
+    python benchmarks/e2e.py --link 25mbit --spec none --spec 'none --subspace 12' --spec 'int8 --subspace 12' 
 
 Links. Every stage process runs in a network namespace of its own, joined to a bridge (in a namespace
 too) by a veth pair. A kernel token-bucket filter (`tc qdisc ... tbf`) limits both ends of each veth to
@@ -160,7 +161,9 @@ def measure(rows: list[dict], out: Path, skip: int = 2) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--link", type=parse_link, action="append", default=None, help=f"default: {', '.join(LINKS)}")
-    ap.add_argument("--spec", action="append", default=None, help=f"--pp-compress values; default: {SPECS}")
+    ap.add_argument("--spec", action="append", default=None,
+                    help=f"--pp-compress values, optionally followed by this run's own pretrain.py options, e.g. "
+                         f"'int8 --subspace 12'; default: {SPECS}")
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--model", default="small")
     ap.add_argument("--steps", type=int, default=10)
@@ -191,7 +194,8 @@ def main() -> None:
             lenv = {**env, "PPC_BENCH_LATENCY_MS": str(latency), "PPC_BENCH_RATE_MBIT": "0" if ns else str(rate)}
             for spec in specs:
                 out = args.work / f"{name}_{re.sub(r'[^A-Za-z0-9.]+', '-', spec)}"
-                rargs = [*recipe, "--pp-compress", spec, "--out", str(out)]
+                compress, *own = spec.split()  # 'int8 --subspace 12': a spec, then options of this run only
+                rargs = [*recipe, *own, "--pp-compress", compress, "--out", str(out)]
                 t0 = time.perf_counter()
                 if ns:
                     rc, log = ns.run([sys.executable, str(THROTTLE), str(ROOT / "recipes" / "pretrain.py"), *rargs], lenv, 1800)

@@ -37,6 +37,7 @@ GROUPS = {
     "topk-grad": ["base"] + [f"grad-topk{r}" for r in LEVELS],
     "feedback": ["base", "topk0.1", "topk0.1+ef", "topk0.1+ef21", "topk0.1+aqsgd"],
     "matched-bytes": ["base", "topk0.1", "randk0.13", "lowrank10"],
+    "subspace": ["base", "int8", *(f"subspace{k}{t}" for k in (48, 24, 12) for t in ("", "-int8"))],
     "seed-operators": ["base", "int8", "act-int8_grad-nat", "act-int8_grad-nat4", "act-int8_grad-int4stoch", "act-topk0.2",
                        "act-topk0.2row", "act-mdtopk0.2", "act-mdtopk0.2wg", "act-mdtopk0.2gw", "act-mdtopk0.2st"],
 }

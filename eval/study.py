@@ -48,6 +48,13 @@ SETTINGS.update({"act-int8_grad-nat4": "act=int8,grad=nat:bits=4", "act-int8_gra
                  **{f"act-mdtopk0.2{tag}": f"act=mdtopk:0.2{mode},grad=none" for tag, mode in
                     (("", ""), ("wg", ":mode=weighted_greedy"), ("gw", ":mode=greedy_weighted"), ("st", ":mode=stochastic"))},
                  "act-topk0.2row": "act=topk:0.2:per=row,grad=none"})  # weighted_greedy's control: TopK per row, unweighted
+# Subspace pipelines (issue 16): the small GPT's d = 192 with k = d/4, d/8, d/16, uncompressed (the architecture's
+# own cost) and with int8 on the coordinates
+EXTRA: dict[str, list[str]] = {}
+for _k in (48, 24, 12):
+    for _tag, _spec in (("", "none"), ("-int8", "int8")):
+        SETTINGS[f"subspace{_k}{_tag}"] = _spec
+        EXTRA[f"subspace{_k}{_tag}"] = ["--subspace", str(_k)]
 SETTINGS["base-seed1"] = "none"  # the noise floor: the baseline again with another seed (weights and data order)
 SEEDS = {"base-seed1": 1, "ft-base-seed1": 1}  # finetuning: another data order (the weights are the checkpoint's)
 # Runs whose checkpoints are also evaluated with no compression: error compensation's promise, and the act-only
@@ -96,7 +103,7 @@ def main() -> None:
         if not (out / "summary.json").exists():
             t0 = time.perf_counter()
             rc, log = run_job(ROOT / "recipes/pretrain.py", 4, *COMMON, "--seed", str(SEEDS.get(name, 0)), "--pp-compress",
-                              SETTINGS[name], "--out", str(out), "--overwrite", timeout=3600)
+                              SETTINGS[name], *EXTRA.get(name, []), "--out", str(out), "--overwrite", timeout=3600)
             print(f"{name:24s} {SETTINGS[name]:34s} rc={rc} {time.perf_counter() - t0:.0f} s", flush=True)
             if rc != 0:
                 print(log[-3000:], flush=True)
