@@ -86,7 +86,10 @@ class Staged(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         x: Any = ids  # (B, T)
         for m in self.seq:
-            x = m(x)
+            if isinstance(m, ppc.CompressionBoundary) and isinstance(x, tuple):  # (c, token ids) of a subspace model
+                x = (m(x[0]), *x[1:])  # the float tensor is compressed, the integer ones travel as they are
+            else:
+                x = m(x)
         return x  # (B, T, V)
 
 

@@ -115,7 +115,7 @@ def test_tensor_parallel_recipe_reproduces_tp1(tmp_path):
     assert run["tp"] == 2 and run["model"]["layout"] == "sbh" and "batch_dim=1" in run["pp_compress"]
 
 
-def test_subspace_pipeline_sends_k_coordinates_and_token_ids_and_infer_loads_it(tmp_path):
+def test_subspace_pipeline_sends_k_coordinates_and_token_ids_and_infer_loads_it(tmp_path, monkeypatch):
     """`--subspace auto` (k = 64 / 16 = 4): each micro-batch sends c (2, 32, 4) fp32 + token ids (2, 32) int16 (+ the
     recipe's 2 int64 sample ids) forward and only the coordinates' gradient back; infer.py loads the run."""
     out = tmp_path / "sub"
@@ -129,3 +129,18 @@ def test_subspace_pipeline_sends_k_coordinates_and_token_ids_and_infer_loads_it(
     ok(*run_job(ROOT / "recipes/infer.py", 2, "--checkpoint", str(out), "--data", "fixture", "--ppl-batches", "4",
                 "--seq-len", "32", "--micro-batch", "2", "--pp-compress", "none", "--out", str(res)))
     assert math.isclose(math.log(json.loads(res.read_text())["val_ppl"]), rows(out, "eval")[-1]["val_loss"], rel_tol=1e-5)
+    pytest.importorskip("lm_eval")
+    import os
+
+    import torch
+
+    from eval.lm import PPCompressLM
+    from recipes import data
+    from recipes.model import lm_loss
+
+    monkeypatch.setattr(data, "CACHE", Path(os.environ["PP_COMPRESS_CACHE"]))
+    lm = PPCompressLM(checkpoint=str(out), compress="none", stages=2)  # eval/ loads the run in process
+    val = data.lm_datasets(data.corpus_files("fixture"), lm.tok, 32, 0.02)[1]
+    with torch.no_grad():
+        losses = [float(lm_loss(lm.net(ids), labels)) for (ids, _), labels in list(data.eval_batches(val, 2))[:4]]
+    assert math.isclose(sum(losses) / len(losses), rows(out, "eval")[-1]["val_loss"], rel_tol=1e-5)
