@@ -117,17 +117,26 @@ def test_tensor_parallel_recipe_reproduces_tp1(tmp_path):
 
 def test_subspace_pipeline_sends_k_coordinates_and_token_ids_and_infer_loads_it(tmp_path, monkeypatch):
     """`--subspace auto` (k = 64 / 16 = 4): each micro-batch sends c (2, 32, 4) fp32 + token ids (2, 32) int16 (+ the
-    recipe's 2 int64 sample ids) forward and only the coordinates' gradient back; infer.py loads the run."""
+    recipe's 2 int64 sample ids) forward and only the coordinates' gradient back, int8 compresses c; --resume, infer.py
+    and eval/ load the run and reproduce its numbers."""
     out = tmp_path / "sub"
-    ok(*run_job(ROOT / "recipes/pretrain.py", 2, *TINY, "--steps", "3", "--stages", "2", "--subspace", "auto",
-                "--pp-compress", "none", "--out", str(out)))
+    sub = [*TINY, "--steps", "4", "--save-every", "2", "--eval-every", "2", "--stages", "2", "--subspace", "auto",
+           "--pp-compress", "int8,min_numel=0"]
+    ok(*run_job(ROOT / "recipes/pretrain.py", 2, *sub, "--out", str(out)))
     train = rows(out, "train")
     assert {r["act_raw_bytes"] for r in train} == {2 * (2 * 32 * 4 * 4 + 2 * 32 * 2 + 2 * 8)}  # 2 micro-batches per step
     assert {r["grad_raw_bytes"] for r in train} == {2 * (2 * 32 * 4 * 4)}
+    assert all(r["act_ratio"] > 2 and r["grad_ratio"] > 2.5 for r in train)  # int8 on c: 4 codes + a bf16 scale per row
+    resumed = tmp_path / "resumed"  # --resume from step 2 (E0 and U regenerate from the seed) ends where the run did
+    shutil.copytree(out, resumed, ignore=shutil.ignore_patterns("global_step4", "metrics.*"))
+    (resumed / "ckpt" / "latest").write_text("global_step2")
+    ok(*run_job(ROOT / "recipes/pretrain.py", 2, *sub, "--out", str(resumed), "--resume"))
+    assert rows(resumed, "train")[-1]["loss"] == train[-1]["loss"]
+    assert rows(resumed, "eval")[-1]["val_loss"] == rows(out, "eval")[-1]["val_loss"]
     assert json.loads((out / "run.json").read_text())["model"]["subspace"] == 4
     res = tmp_path / "infer.json"
     ok(*run_job(ROOT / "recipes/infer.py", 2, "--checkpoint", str(out), "--data", "fixture", "--ppl-batches", "4",
-                "--seq-len", "32", "--micro-batch", "2", "--pp-compress", "none", "--out", str(res)))
+                "--seq-len", "32", "--micro-batch", "2", "--pp-compress", "int8,min_numel=0", "--out", str(res)))
     assert math.isclose(math.log(json.loads(res.read_text())["val_ppl"]), rows(out, "eval")[-1]["val_loss"], rel_tol=1e-5)
     pytest.importorskip("lm_eval")
     import os
@@ -139,7 +148,7 @@ def test_subspace_pipeline_sends_k_coordinates_and_token_ids_and_infer_loads_it(
     from recipes.model import lm_loss
 
     monkeypatch.setattr(data, "CACHE", Path(os.environ["PP_COMPRESS_CACHE"]))
-    lm = PPCompressLM(checkpoint=str(out), compress="none", stages=2)  # eval/ loads the run in process
+    lm = PPCompressLM(checkpoint=str(out), compress="int8,min_numel=0", stages=2)  # eval/ loads the run in process
     val = data.lm_datasets(data.corpus_files("fixture"), lm.tok, 32, 0.02)[1]
     with torch.no_grad():
         losses = [float(lm_loss(lm.net(ids), labels)) for (ids, _), labels in list(data.eval_batches(val, 2))[:4]]
