@@ -97,8 +97,15 @@ class Staged(nn.Module):
 class PPCompressLM(LM):
     """lm-eval model over recipes/model.py with compression at the stage boundaries."""
 
+    MODEL_ARGS = ("checkpoint", "compress", "stages", "batch_size", "max_length", "dtype")
+    LM_EVAL_ARGS = ("max_batch_size", "device")
+    """What lm-eval itself adds to model_args (from --batch_size / --max_batch_size / --device): accepted, unused."""
+
     def __init__(self, checkpoint: str, compress: str = "none", stages: int = 4, batch_size: int | str = 8,
-                 max_length: int | None = None, dtype: str = "float32", **_: Any) -> None:
+                 max_length: int | None = None, dtype: str = "float32", **extra: Any) -> None:
+        unknown = sorted(set(extra) - set(self.LM_EVAL_ARGS))
+        if unknown:  # a misspelled compress= would otherwise evaluate uncompressed and pass a parity gate falsely
+            raise ValueError(f"unknown pp_compress model_args {unknown}; accepted: {', '.join(self.MODEL_ARGS)}")
         super().__init__()
         model, self.tok, trained_len = load_model(checkpoint)
         self.net = Staged(model, int(stages), str(compress)).to(getattr(torch, dtype)).eval()

@@ -85,3 +85,10 @@ def test_lm_eval_cli_runs_the_local_tasks_with_our_model(run_dir, tmp_path):
 ])
 def test_verdict_is_one_sided_two_standard_errors(base, cand, higher, verdict):
     assert compare(base, cand, higher, tol=0.005)["verdict"] == verdict
+
+
+def test_unknown_model_args_are_an_error_naming_the_accepted_ones(run_dir):
+    out, _ = run_dir
+    with pytest.raises(ValueError, match=r"unknown pp_compress model_args \['compres'\]; accepted: checkpoint, compress"):
+        PPCompressLM(checkpoint=str(out), compres="int8")
+    PPCompressLM(checkpoint=str(out), stages=2, device="cpu", max_batch_size=None)  # lm-eval's own additions pass
