@@ -43,7 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.integration.launch import kill_job, run_job  # noqa: E402
+from recipes.launch import JOB_MARK, kill_job, run_job  # noqa: E402
 
 THROTTLE = ROOT / "benchmarks" / "throttle.py"
 SPECS = ["none", "int8", "int4", "topk:0.1+ef", "act=int4,grad=int8"]
@@ -116,7 +116,7 @@ class Namespaces:
             for r, ns in enumerate(self.stages):
                 renv = {**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(self.n), "LOCAL_WORLD_SIZE": str(self.n),
                         "MASTER_ADDR": f"{SUBNET}.1", "MASTER_PORT": "29500", "GLOO_SOCKET_IFNAME": "eth0",
-                        "PP_COMPRESS_TEST_JOB": mark}
+                        JOB_MARK: mark}
                 with open(logs[r], "w") as log:
                     procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *args], env=renv, cwd=ROOT, stdout=log,
                                                   stderr=subprocess.STDOUT, start_new_session=True))

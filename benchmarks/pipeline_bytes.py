@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.integration.launch import run_job  # noqa: E402
+from recipes.launch import run_job  # noqa: E402
 
 SPECS = ["none", "act=int8,grad=int8", "act=int8,grad=topk:0.3+ef", "topk:0.1", "act=topk:0.1,grad=topk:0.1+ef"]
 

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -21,27 +18,21 @@ from pathlib import Path
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from recipes.launch import run_job  # noqa: E402
+
 MODES = {"partitioned": {}, "full tensors": {"pipeline": {"pipe_partitioned": False, "grad_partitioned": False}}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(spec: str, mode: str, args: argparse.Namespace, work: Path) -> dict:
     out = work / f"{mode.replace(' ', '_')}-{abs(hash(spec))}"
     config = json.loads((ROOT / "deepspeed_configs" / "cpu_gloo.json").read_text()) | MODES[mode]
     (work / "ds.json").write_text(json.dumps(config))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", f"--master_port={free_port()}",
-           str(ROOT / "recipes/pretrain.py"), "--model", args.model, "--stages", "2", "--tp", "2", "--steps",
-           str(args.steps), "--log-every", str(args.steps), "--eval-every", "0", "--eval-batches", "2",
-           "--pp-compress", spec, "--deepspeed_config", str(work / "ds.json"), "--out", str(out)]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    if proc.returncode:
-        sys.exit(f"{' '.join(cmd)} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
+    rc, log = run_job(ROOT / "recipes/pretrain.py", 4, "--model", args.model, "--stages", "2", "--tp", "2", "--steps",
+                      str(args.steps), "--log-every", str(args.steps), "--eval-every", "0", "--eval-batches", "2",
+                      "--pp-compress", spec, "--deepspeed_config", str(work / "ds.json"), "--out", str(out), timeout=1800)
+    if rc:
+        sys.exit(f"{mode}, {spec}: exit {rc}\n{log[-4000:]}")
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r["kind"] == "train"][-1]
 

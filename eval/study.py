@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.integration.launch import run_job  # noqa: E402
+from recipes.launch import run_job  # noqa: E402
 
 
 
@@ -89,7 +89,7 @@ def main() -> None:
             try:
                 rc, log = run_job(ROOT / "recipes/finetune.py", 2, *FT_COMMON, "--seed", str(SEEDS.get(name, 0)), "--pp-compress",
                                   FINETUNE[name], "--out", str(out), "--overwrite", timeout=3600)
-            except AssertionError as e:  # run_job: the job hung or overran (and was killed); go on with the next setting
+            except TimeoutError as e:  # run_job: the job hung or overran (and was killed); go on with the next setting
                 rc, log = 124, str(e)
             print(f"{name:24s} {FINETUNE[name]:34s} rc={rc} {time.perf_counter() - t0:.0f} s", flush=True)
             if rc != 0:
