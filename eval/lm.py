@@ -16,6 +16,7 @@ the next stage sees is what it would receive over the wire. `compress=none` is t
 """
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -97,7 +98,6 @@ class Staged(nn.Module):
 class PPCompressLM(LM):
     """lm-eval model over recipes/model.py with compression at the stage boundaries."""
 
-    MODEL_ARGS = ("checkpoint", "compress", "stages", "batch_size", "max_length", "dtype")
     LM_EVAL_ARGS = ("max_batch_size", "device")
     """What lm-eval itself adds to model_args (from --batch_size / --max_batch_size / --device): accepted, unused."""
 
@@ -105,7 +105,8 @@ class PPCompressLM(LM):
                  max_length: int | None = None, dtype: str = "float32", **extra: Any) -> None:
         unknown = sorted(set(extra) - set(self.LM_EVAL_ARGS))
         if unknown:  # a misspelled compress= would otherwise evaluate uncompressed and pass a parity gate falsely
-            raise ValueError(f"unknown pp_compress model_args {unknown}; accepted: {', '.join(self.MODEL_ARGS)}")
+            accepted = [p for p in inspect.signature(type(self).__init__).parameters if p not in ("self", "extra")]
+            raise ValueError(f"unknown pp_compress model_args {unknown}; accepted: {', '.join(accepted)}")
         super().__init__()
         model, self.tok, trained_len = load_model(checkpoint)
         self.net = Staged(model, int(stages), str(compress)).to(getattr(torch, dtype)).eval()

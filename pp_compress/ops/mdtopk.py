@@ -45,12 +45,11 @@ import torch
 from torch import Tensor
 
 from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
-from .sparse import check_sparse, keep_count
+from .sparse import check_sparse, from_wire_index, index_dtype, keep_count, to_wire_index
 from .topk import INDEX_MODES, TopK, TopKConfig
 
 MODES = ("greedy", "weighted_greedy", "greedy_weighted", "stochastic")
 _UNIFORM_MIX = 1e-3
-_INT16_SPAN = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -116,7 +115,7 @@ class MDTopK(Compressor):
     def _channel_layout(self, shape: tuple[int, ...], dtype: torch.dtype) -> Layout:
         rows, d = self._dims(shape)
         k = keep_count(self.config.ratio, d)
-        return [TensorSpec((rows, k), dtype), TensorSpec((k,), torch.int16 if d <= _INT16_SPAN else torch.int32)]
+        return [TensorSpec((rows, k), dtype), TensorSpec((k,), index_dtype(d))]
 
     def wire_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout:
         if self.config.mode == "weighted_greedy":
@@ -143,16 +142,14 @@ class MDTopK(Compressor):
         if mode == "greedy_weighted":
             kept = w[chan]  # (k,)
             values = (values.float() * (kept / kept.mean())).to(x.dtype)
-        idx_dtype = self._channel_layout(tuple(x.shape), x.dtype)[1].dtype
-        shift = _INT16_SPAN // 2 if idx_dtype == torch.int16 else 0  # 0..65535 -> int16 range
-        return Payload((values.contiguous(), (chan - shift).to(idx_dtype)), x.shape, x.dtype)
+        return Payload((values.contiguous(), to_wire_index(chan, index_dtype(d))), x.shape, x.dtype)
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
         if self.config.mode == "weighted_greedy":
             return self.rows_topk._decode(payload, ctx)
         values, chan = payload.tensors  # (rows, k), (k,)
         rows, d = self._dims(tuple(payload.shape))
-        chan = chan.long() + (_INT16_SPAN // 2 if chan.dtype == torch.int16 else 0)
+        chan = from_wire_index(chan)
         out = values.new_zeros((rows, d))  # (rows, d)
         out[:, chan] = values
         return out.view(payload.shape).to(payload.dtype)

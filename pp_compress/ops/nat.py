@@ -18,6 +18,8 @@ naming the boundary (as for any operator whose reconstruction overflows), never 
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -62,16 +64,17 @@ def _work(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+@functools.cache
 def _exponent_bits(dtype: torch.dtype) -> int:
     """Width of the dtype's exponent field: 8 for fp32/bf16, 5 for fp16, 11 for fp64."""
     fi = torch.finfo(dtype)
-    mant = -int(torch.tensor(fi.eps, dtype=torch.float64).log2())
-    return fi.bits - 1 - mant
+    return fi.bits - 1 - round(-math.log2(fi.eps))
 
 
+@functools.cache
 def _emin(dtype: torch.dtype) -> int:
     """Exponent of the smallest normal power of two of the dtype."""
-    return int(torch.tensor(torch.finfo(dtype).tiny, dtype=torch.float64).log2())
+    return round(math.log2(torch.finfo(dtype).tiny))
 
 
 class Nat(Compressor):

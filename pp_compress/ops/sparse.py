@@ -1,6 +1,7 @@
 """Shared by topk and randk: groups for `per`, k from the ratio, scatter back."""
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 SPARSE_PER = ("sample", "tensor", "row")
@@ -30,6 +31,24 @@ def sparse_groups(shape: tuple[int, ...], per: str) -> tuple[int, int]:
 def keep_count(ratio: float, n: int) -> int:
     """How many of n elements a group keeps: round(ratio * n), at least 1 (0 for empty groups)."""
     return 0 if n == 0 else max(1, min(n, round(ratio * n)))
+
+
+_INT16_SPAN = 1 << 16
+
+
+def index_dtype(size: int) -> torch.dtype:
+    """Dtype of positions in 0..size-1 on the wire: int16 (shifted into its range) up to 65536, else int32."""
+    return torch.int16 if size <= _INT16_SPAN else torch.int32
+
+
+def to_wire_index(index: Tensor, dtype: torch.dtype) -> Tensor:
+    """Positions (int64) as `dtype`: int16 holds 0..65535 shifted by -32768."""
+    return (index - _INT16_SPAN // 2 if dtype == torch.int16 else index).to(dtype)
+
+
+def from_wire_index(where: Tensor) -> Tensor:
+    """Inverse of `to_wire_index`: int64 positions."""
+    return where.long() + (_INT16_SPAN // 2 if where.dtype == torch.int16 else 0)
 
 
 def scatter(values: Tensor, index: Tensor, groups: int, size: int) -> Tensor:

@@ -14,10 +14,9 @@ from torch import Tensor
 
 from .bits import pack_bits, packed_nbytes, unpack_bits
 from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
-from .sparse import SPARSE_PER, check_sparse, keep_count, scatter, sparse_groups
+from .sparse import SPARSE_PER, check_sparse, from_wire_index, index_dtype, keep_count, scatter, sparse_groups, to_wire_index
 
 INDEX_MODES = ("auto", "index", "bitmap")
-_INT16_SPAN = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ class TopK(Compressor):
         """(groups, size, k, index dtype or None for a bitmap) — the same on both sides."""
         groups, size = sparse_groups(shape, self.config.per)
         k = keep_count(self.config.ratio, size)
-        idx_dtype = torch.int16 if size <= _INT16_SPAN else torch.int32
+        idx_dtype = index_dtype(size)
         mode = self.config.index
         if mode == "auto":
             index_bytes = groups * k * idx_dtype.itemsize
@@ -84,9 +83,7 @@ class TopK(Compressor):
             values = g[mask].view(groups, k)  # (groups, k), in position order
             return Payload((values, pack_bits(mask.view(-1), 1)), x.shape, x.dtype)
         values = g.gather(1, index)  # (groups, k)
-        if idx_dtype == torch.int16:
-            index = index - (_INT16_SPAN // 2)  # 0..65535 -> int16 range
-        return Payload((values, index.to(idx_dtype)), x.shape, x.dtype)
+        return Payload((values, to_wire_index(index, idx_dtype)), x.shape, x.dtype)
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
         groups, size, k, idx_dtype = self._plan(tuple(payload.shape))
@@ -95,7 +92,4 @@ class TopK(Compressor):
             mask = unpack_bits(where, 1, groups * size).bool()  # (groups * size,)
             out = values.new_zeros(groups * size).masked_scatter_(mask, values.reshape(-1))  # positions in order
             return out.view(payload.shape).to(payload.dtype)
-        index = where.long()
-        if idx_dtype == torch.int16:
-            index = index + (_INT16_SPAN // 2)
-        return scatter(values, index, groups, size).view(payload.shape).to(payload.dtype)
+        return scatter(values, from_wire_index(where), groups, size).view(payload.shape).to(payload.dtype)
