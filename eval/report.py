@@ -233,16 +233,31 @@ class Findings:
         return ("holds" if first == "0.2" else "does not hold as stated"), text
 
 
+def base_step_at(base: dict, loss: float) -> str:
+    """The step at which the base run's validation curve reached `loss` (linear between its evaluations): how many
+    base steps a run's final loss is worth. "<first" when base was already there at its first evaluation."""
+    ev = [(e["step"], e["val_loss"]) for e in base["evals"]]
+    if loss >= ev[0][1]:
+        return f"<{ev[0][0]}"
+    for (s0, l0), (s1, l1) in zip(ev, ev[1:]):
+        if l1 <= loss <= l0:
+            return f"{s0 + (l0 - loss) / (l0 - l1) * (s1 - s0):.0f}" if l0 != l1 else f"{s1}"
+    return f">{ev[-1][0]}" if loss < ev[-1][1] else f"{ev[-1][0]}"
+
+
 def table(runs: dict[str, dict], names: dict[str, str], base_name: str) -> list[str]:
     base = runs.get(base_name)
-    lines = ["| setting | --pp-compress | wire ratio | wire MB/step | final val loss | delta vs base | val loss, inference uncompressed |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| setting | --pp-compress | wire ratio | wire MB/step | final val loss | delta vs base | val loss, inference uncompressed "
+             "| base reached this loss at step |",
+             "|---|---|---|---|---|---|---|---|"]
     for n in names:
         if n in runs:
             r = runs[n]
             delta = f"{r['val_loss'] - base['val_loss']:+.3f}" if base else ""
             plain = f"{r['val_loss_plain_inference']:.3f}" if "val_loss_plain_inference" in r else ""
-            lines.append(f"| {n} | `{r['spec']}` | {r['ratio']:.2f}x | {r['wire'] / 1e6:.2f} | {r['val_loss']:.3f} | {delta} | {plain} |")
+            at = base_step_at(base, r["val_loss"]) if base else ""
+            lines.append(f"| {n} | `{r['spec']}` | {r['ratio']:.2f}x | {r['wire'] / 1e6:.2f} | {r['val_loss']:.3f} | {delta} | "
+                         f"{plain} | {at} |")
     return lines
 
 
