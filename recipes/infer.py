@@ -104,6 +104,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--data", default=None, help="corpus name or .txt/.jsonl path: report validation perplexity")
     ap.add_argument("--ppl-batches", type=int, default=16, help="micro-batches of validation text")
+    ap.add_argument("--val-fraction", type=float, default=None,
+                    help="the held-out tail of every file (default: the run's own --val-fraction, else 0.02)")
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=128)
@@ -123,10 +125,14 @@ def main() -> None:
     engine, tok, cfg = load(args)
     result: dict[str, Any] = {"checkpoint": str(args.checkpoint), "pp_compress": str(engine.pp_compress_config())}
     if args.data:
-        def val() -> Iterator:
+        run = args.checkpoint / "run.json"
+        trained = json.loads(run.read_text())["args"].get("val_fraction") if run.exists() else None
+        frac = args.val_fraction if args.val_fraction is not None else float(trained) if trained else 0.02
+
+        def val() -> Iterator:  # the run's own validation split: the same held-out text its evaluations used
             if args.data in data.CORPORA:
-                return data.lm_datasets(data.corpus_files(args.data), tok, args.seq_len, 0.02)[1]
-            return data.sft_datasets(Path(args.data), tok, args.seq_len, 0.02)[1]
+                return data.lm_datasets(data.corpus_files(args.data), tok, args.seq_len, frac)[1]
+            return data.sft_datasets(Path(args.data), tok, args.seq_len, frac)[1]
         result["val_ppl"] = perplexity(engine, train.rank0_first(val), args.micro_batch, args.ppl_batches)
     if args.prompt:
         result["generations"] = generate(engine, tok, args.prompt, args)

@@ -138,15 +138,21 @@ def ds_config(args: argparse.Namespace, dp: int) -> dict[str, Any]:
 
 
 class Logger:
-    """JSONL + CSV (+ TensorBoard) on rank 0; appends on resume, flushes every line (nothing lost on a crash)."""
+    """JSONL + CSV (+ TensorBoard) on rank 0; flushes every line (nothing lost on a crash).
+
+    On resume from step `start`, the rows a cut-off run logged after its last checkpoint are dropped (those steps
+    run again), then the files are appended to: every step appears once.
+    """
 
     FIELDS = ["step", "tokens", "loss", "lr", "tokens_per_s", "step_s", "act_wire_bytes", "grad_wire_bytes",
               "act_raw_bytes", "grad_raw_bytes", "act_ratio", "grad_ratio", "act_rel_error", "grad_rel_error"]
 
-    def __init__(self, out: Path, active: bool) -> None:
+    def __init__(self, out: Path, active: bool, start: int = 0) -> None:
         self.active = active
         if not active:
             return
+        if start:
+            self._truncate(out, start)
         self.jsonl = open(out / "metrics.jsonl", "a")
         new = not (out / "metrics.csv").exists()
         self.csv_file = open(out / "metrics.csv", "a", newline="")
@@ -158,6 +164,21 @@ class Logger:
             self.tb = SummaryWriter(str(out / "tb"))
         except ImportError:
             self.tb = None
+
+    @staticmethod
+    def _truncate(out: Path, start: int) -> None:
+        for name in ("metrics.jsonl", "metrics.csv"):
+            path = out / name
+            if not path.exists():
+                continue
+            lines = path.read_text().splitlines(keepends=True)
+            if name.endswith(".jsonl"):
+                keep = [x for x in lines if json.loads(x)["step"] <= start]
+            else:  # header, then rows whose first field is the step
+                keep = lines[:1] + [x for x in lines[1:] if int(x.split(",", 1)[0]) <= start]
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text("".join(keep))
+            tmp.replace(path)
 
     def write(self, row: dict[str, Any]) -> None:
         if not self.active:
@@ -260,7 +281,7 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
     train_iter = batches_fn(shard, args.micro_batch, args.seed, skip=start * per_step)
     tokens_per_step = args.micro_batch * args.grad_accum * dp * args.seq_len
     main = rank == 0
-    log = Logger(args.out, main)
+    log = Logger(args.out, main, start)
     if main and start == 0:
         (args.out / "run.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                        "model": model_cfg, "pp_compress": str(engine.pp_compress_config()),

@@ -1,3 +1,5 @@
+import csv
+import json
 import sys
 import warnings
 
@@ -7,6 +9,7 @@ import torch
 from tests.integration.launch import ROOT
 
 sys.path.insert(0, str(ROOT))
+from recipes import train  # noqa: E402
 from recipes.train import warn_if_slow_bf16  # noqa: E402
 
 
@@ -19,3 +22,20 @@ def test_bf16_on_a_cpu_without_bf16_units_warns_and_names_the_fix():
         warn_if_slow_bf16(True, cpuinfo="flags : avx2 avx512f avx512_bf16")
         warn_if_slow_bf16(True, cpuinfo="flags : avx2 amx_bf16 amx_tile")
         warn_if_slow_bf16(False, cpuinfo="flags : fpu sse2")
+
+
+def test_logger_on_resume_drops_the_rows_logged_after_the_checkpoint(tmp_path):
+    # a run cut off at step 30 with its last checkpoint at 20: steps 21-30 run again on resume, so their rows go
+    log = train.Logger(tmp_path, True)
+    for step in (10, 20, 30):
+        log.write({"kind": "train", "step": step, "loss": 1.0 / step})
+        log.write({"kind": "eval", "step": step, "val_loss": 2.0 / step})
+    log.close()
+    log = train.Logger(tmp_path, True, start=20)
+    log.write({"kind": "train", "step": 30, "loss": 0.5})
+    log.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in rows] == [("train", 10), ("eval", 10), ("train", 20), ("eval", 20), ("train", 30)]
+    assert rows[-1]["loss"] == 0.5
+    csv_rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [int(r["step"]) for r in csv_rows] == [10, 20, 30] and float(csv_rows[-1]["loss"]) == 0.5
