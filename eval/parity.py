@@ -9,12 +9,21 @@ with (its `eval`, else its `act` spec). The baseline runs as given (default @non
 same local lm-eval tasks (eval/tasks.py), and the report (<out>.md, <out>.json) gives per task and metric:
 the baseline, the candidate, the delta and its standard error, and a verdict.
 
-Verdict. Documents are paired (the same ones for both models), so the standard error of the delta is that
-of the per-document differences: SE = std(d) / sqrt(n). A candidate is at "parity" on a metric unless it
-is worse than the baseline by more than 2 SE (one-sided, ~97.7% confidence) and by more than a
-negligible --tolerance (relative, default 0.5%). The exit code is 1 if any candidate fails on any metric.
+Verdict: non-inferiority. Documents are paired (the same ones for both models), so the uncertainty of the
+mean delta is that of the per-document differences d (candidate - baseline, signed so that positive is
+worse): SE = std(d) / sqrt(n). The candidate passes a metric when the one-sided upper confidence bound
+mean(d) + t_{conf, n-1} * SE (Student's t, scipy.stats; --confidence, default 95%) lies within the margin:
+  bits_per_byte        1% of the baseline (--margin-rel)
+  ll (last-word log-likelihood, nats)   log(1.01): the word perplexity may rise by at most 1% (--margin-rel)
+  acc, acc_norm        1 point absolute (--margin-acc)
+So a candidate must show that it is not worse by more than the margin; too few documents fail, they never
+pass by default. The exit code is 1 if any candidate fails on any metric.
 Per-document values: acc / acc_norm (0 or 1), lastword perplexity -> per-document log-likelihood, ppl ->
 per-document bits per byte.
+
+The tasks are built from the held-out tail of every file of --corpus: the baseline run's validation
+fraction less a 0.5% margin (eval/tasks.py), so a run trained with --val-fraction 0.05 gets ~3x the
+documents of one trained with 0.02.
 """
 from __future__ import annotations
 
@@ -28,9 +37,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from eval.lm import PPCompressLM  # noqa: E402
-from eval.tasks import DEFAULT_DIR, build  # noqa: E402
+from eval.tasks import build, held_out_fraction, task_dir  # noqa: E402
 
 HIGHER_IS_BETTER = {"acc": True, "acc_norm": True, "ll": True, "bits_per_byte": False}
+RELATIVE = {"bits_per_byte"}  # margin relative to the baseline's mean; ll's is log(1 + rel) nats; acc's absolute
 
 
 def trained_spec(checkpoint: Path) -> str:
@@ -50,27 +60,44 @@ def per_doc(task: str, samples: list[dict[str, Any]]) -> dict[str, list[float]]:
         return {"bits_per_byte": [-s["bits_per_byte"][0] / s["bits_per_byte"][1] / math.log(2) for s in rows]}
     if task.endswith("_lastword"):
         return {"acc": [float(s["acc"]) for s in rows], "ll": [float(s["perplexity"]) for s in rows]}
-    return {m: [float(s[m]) for s in rows] for m in ("acc", "acc_norm")}
+    return {m: [float(s[m]) for s in rows] for m in ("acc", "acc_norm") if m in rows[0]}
 
 
-def evaluate(checkpoint: Path, spec: str, tasks: list[str], stages: int, limit: int | None) -> dict[str, dict[str, list[float]]]:
+def evaluate(checkpoint: Path, spec: str, tasks: list[str], where: Path, stages: int, limit: int | None
+             ) -> dict[str, dict[str, list[float]]]:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     lm = PPCompressLM(checkpoint=str(checkpoint), compress=spec, stages=stages)
-    res = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=TaskManager(include_path=str(DEFAULT_DIR), include_defaults=False),
+    res = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=TaskManager(include_path=str(where), include_defaults=False),
                                   limit=limit, bootstrap_iters=0, log_samples=True)
     return {t: per_doc(t, res["samples"][t]) for t in tasks}
 
 
-def compare(base: list[float], cand: list[float], higher: bool, tol: float) -> dict[str, Any]:
+def margin_for(metric: str, baseline_mean: float, rel: float, acc: float) -> float:
+    """How much worse (in the metric's units, positive = worse) a candidate may be."""
+    if metric in RELATIVE:
+        return rel * abs(baseline_mean)
+    if metric == "ll":
+        return math.log1p(rel)
+    if metric in ("acc", "acc_norm"):
+        return acc
+    raise ValueError(f"no margin rule for metric {metric!r}; known: {', '.join(HIGHER_IS_BETTER)}")
+
+
+def compare(base: list[float], cand: list[float], higher: bool, margin: float, confidence: float = 0.95) -> dict[str, Any]:
+    """Paired non-inferiority: parity when the one-sided upper bound of the mean worsening is <= margin."""
+    from scipy import stats
+
+    if len(base) != len(cand) or len(base) < 2:
+        raise ValueError(f"need the same >= 2 documents for both models, got {len(base)} and {len(cand)}")
     n = len(base)
-    d = [c - b for b, c in zip(base, cand)]
-    mean_b, mean_c, mean_d = sum(base) / n, sum(cand) / n, sum(d) / n
-    se = math.sqrt(sum((x - mean_d) ** 2 for x in d) / max(n - 1, 1) / n)
-    worse = -mean_d if higher else mean_d
-    ok = worse <= 2 * se or worse <= tol * abs(mean_b)
-    return {"n": n, "baseline": mean_b, "candidate": mean_c, "delta": mean_d, "se": se, "verdict": "parity" if ok else "worse"}
+    worse = [(b - c) if higher else (c - b) for b, c in zip(base, cand)]
+    mean_w = sum(worse) / n
+    se = math.sqrt(sum((x - mean_w) ** 2 for x in worse) / (n - 1) / n)
+    bound = mean_w + float(stats.t.ppf(confidence, n - 1)) * se
+    return {"n": n, "baseline": sum(base) / n, "candidate": sum(cand) / n, "delta": sum(c - b for b, c in zip(base, cand)) / n,
+            "se": se, "worse_by": mean_w, "bound": bound, "margin": margin, "verdict": "parity" if bound <= margin else "worse"}
 
 
 def main() -> None:
@@ -80,34 +107,45 @@ def main() -> None:
     ap.add_argument("--corpus", default="shakespeare")
     ap.add_argument("--stages", type=int, default=4, help="where the boundaries are (as in training)")
     ap.add_argument("--limit", type=int, default=None, help="documents per task (default all)")
-    ap.add_argument("--tolerance", type=float, default=0.005)
+    ap.add_argument("--margin-rel", type=float, default=0.01, help="bits/byte and perplexity margin, relative (0.01 = 1%%)")
+    ap.add_argument("--margin-acc", type=float, default=0.01, help="accuracy margin, absolute (0.01 = 1 point)")
+    ap.add_argument("--confidence", type=float, default=0.95, help="one-sided confidence of the upper bound")
     ap.add_argument("--out", type=Path, required=True, help="report path without suffix")
     args = ap.parse_args()
-    tasks = build(args.corpus, DEFAULT_DIR)
 
     def parse(arg: str, default: str | None) -> tuple[Path, str]:
         path, _, spec = arg.partition("@")
         return Path(path), spec or default or trained_spec(Path(path))
 
     base_path, base_spec = parse(args.baseline, "none")
-    base = evaluate(base_path, base_spec, tasks, args.stages, args.limit)
-    report: dict[str, Any] = {"baseline": {"checkpoint": str(base_path), "compress": base_spec}, "candidates": []}
+    frac = held_out_fraction(base_path)
+    where = task_dir(frac)
+    tasks = build(args.corpus, where, frac=frac)
+    base = evaluate(base_path, base_spec, tasks, where, args.stages, args.limit)
+    report: dict[str, Any] = {"baseline": {"checkpoint": str(base_path), "compress": base_spec}, "held_out_fraction": frac,
+                              "rule": {"kind": "non-inferiority", "confidence": args.confidence, "margin_rel": args.margin_rel,
+                                       "margin_acc": args.margin_acc}, "candidates": []}
     failed = False
     for arg in args.candidate:
         path, spec = parse(arg, None)
-        cand = evaluate(path, spec, tasks, args.stages, args.limit)
-        rows = {f"{t}/{m}": compare(base[t][m], cand[t][m], HIGHER_IS_BETTER[m], args.tolerance) for t in tasks for m in base[t]}
+        cand = evaluate(path, spec, tasks, where, args.stages, args.limit)
+        rows = {f"{t}/{m}": compare(base[t][m], cand[t][m], HIGHER_IS_BETTER[m],
+                                    margin_for(m, sum(base[t][m]) / len(base[t][m]), args.margin_rel, args.margin_acc), args.confidence)
+                for t in tasks for m in base[t]}
         failed |= any(r["verdict"] != "parity" for r in rows.values())
         report["candidates"].append({"checkpoint": str(path), "compress": spec, "metrics": rows})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    lines = [f"# Parity report\n\nBaseline: `{base_path}` evaluated with `{base_spec}`. Verdict: parity unless worse "
-             f"by > 2 SE of the paired per-document differences and by > {args.tolerance:.1%}.\n",
-             "| candidate | compress | task/metric | n | baseline | candidate | delta | SE | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"# Parity report (non-inferiority)\n\nBaseline: `{base_path}` evaluated with `{base_spec}`; tasks from the held-out "
+             f"{frac:.1%} of every file. A candidate passes a metric when the one-sided {args.confidence:.0%} upper confidence bound "
+             f"of its paired mean worsening is within the margin ({args.margin_rel:.0%} relative on bits/byte and perplexity, "
+             f"{100 * args.margin_acc:g} point on accuracy). 'worse by' and 'bound' are positive when the candidate is worse.\n",
+             "| candidate | compress | task/metric | n | baseline | candidate | delta | worse by | bound | margin | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in report["candidates"]:
         for k, r in c["metrics"].items():
             lines.append(f"| `{c['checkpoint']}` | `{c['compress']}` | {k} | {r['n']} | {r['baseline']:.4f} | {r['candidate']:.4f} | "
-                         f"{r['delta']:+.4f} | {r['se']:.4f} | {r['verdict']} |")
+                         f"{r['delta']:+.4f} | {r['worse_by']:+.4f} | {r['bound']:+.4f} | {r['margin']:.4f} | {r['verdict']} |")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     sys.exit(1 if failed else 0)

@@ -3,15 +3,19 @@
     python eval/tasks.py --corpus shakespeare        # -> .cache/eval_tasks/ (YAML + JSONL, absolute paths)
     python eval/lm.py run --model pp_compress --model_args checkpoint=runs/x --tasks ppc_shakespeare_ppl --include_path .cache/eval_tasks
 
-Held-out text = the last 1.5% of the characters of every file of the corpus. Pretraining holds out the
-last 2% of every file's tokens (recipes/data.py), so these passages were never trained on (the 0.5%
-margin absorbs the varying characters per token; `check_held_out` verifies it for a tokenizer).
+Held-out text = the last F of the characters of every file of the corpus, F = the run's --val-fraction
+less 0.5% (1.5% by default; 4.5% for the long study's 5%). Pretraining holds out the last --val-fraction of
+every file's tokens (recipes/data.py), so these passages were never trained on (the 0.5% margin absorbs
+the varying characters per token; `check_held_out` verifies it for a tokenizer).
 
-    ppc_<corpus>_ppl       loglikelihood_rolling over passages of ~1,500 characters: word/byte perplexity, bits/byte
-    ppc_<corpus>_nextline  multiple choice: three lines of verse/prose, which of 4 lines comes next (1 true,
-                           3 drawn from other held-out places); acc, acc_norm; chance = 0.25
-    ppc_<corpus>_lastword  LAMBADA-style: a passage without its last word; is the word the greedy
-                           continuation (acc), and its perplexity
+    ppc_<corpus>_ppl        loglikelihood_rolling over passages of ~1,000 characters: word/byte perplexity, bits/byte
+    ppc_<corpus>_nextline   multiple choice: three lines of verse/prose, which of 4 lines comes next (1 true,
+                            3 drawn from other held-out places); acc, acc_norm; chance = 0.25
+    ppc_<corpus>_wordorder  multiple choice: after two lines, which of 4 orderings of the next line's words is
+                            the real one (the other 3 are shuffles); acc; chance = 0.25. Word order is what
+                            small models learn first, so they score clearly above chance here
+    ppc_<corpus>_lastword   LAMBADA-style: a passage without its last word; is the word the greedy
+                            continuation (acc), and its perplexity
 """
 from __future__ import annotations
 
@@ -27,14 +31,33 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from recipes import data  # noqa: E402
 
-HELD_OUT = {"fixture": 0.3}  # per corpus; default 0.015. The committed fixture is tiny: its tasks overlap training
+HELD_OUT = {"fixture": 0.3}  # per corpus, overriding F. The committed fixture is tiny: its tasks overlap training
+DEFAULT = 0.015
+MARGIN = 0.005
 DEFAULT_DIR = data.CACHE / "eval_tasks"
 
 
-def held_out(corpus: str) -> list[str]:
+def held_out_fraction(checkpoint: Path) -> float:
+    """F for a run directory: its --val-fraction less the margin (DEFAULT for a transformers folder)."""
+    run = checkpoint / "run.json"
+    vf = json.loads(run.read_text())["args"].get("val_fraction") if run.exists() else None
+    if vf is None:
+        return DEFAULT
+    frac = round(float(vf) - MARGIN, 6)
+    if frac <= 0:
+        raise ValueError(f"{checkpoint}: --val-fraction {vf} leaves no held-out text (need > {MARGIN})")
+    return frac
+
+
+def task_dir(frac: float) -> Path:
+    """One folder per F: lm-eval finds tasks by name, so differently sized sets must not share a folder."""
+    return DEFAULT_DIR if frac == DEFAULT else DEFAULT_DIR.with_name(f"eval_tasks_{frac:g}")
+
+
+def held_out(corpus: str, frac: float = DEFAULT) -> list[str]:
     """The held-out tail of every file."""
     texts = [f.read_text(encoding="utf-8") for f in data.corpus_files(corpus)]
-    frac = HELD_OUT.get(corpus, 0.015)
+    frac = HELD_OUT.get(corpus, frac)
     return [t[len(t) - round(len(t) * frac):] for t in texts]
 
 
@@ -42,7 +65,7 @@ def check_held_out(corpus: str, tokenizer: Any, val_fraction: float = 0.02) -> N
     """Raise if any held-out passage starts before the pretraining validation split of that file."""
     for f in data.corpus_files(corpus):
         text = f.read_text(encoding="utf-8")
-        start = len(text) - round(len(text) * HELD_OUT.get(corpus, 0.015))
+        start = len(text) - round(len(text) * HELD_OUT.get(corpus, val_fraction - MARGIN))
         n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
         before = len(tokenizer(text[:start], add_special_tokens=False)["input_ids"])
         if before < n - round(n * val_fraction):
@@ -53,33 +76,56 @@ def _lines(tails: list[str]) -> list[list[str]]:
     return [[ln.strip() for ln in t.splitlines() if len(ln.strip().split()) >= 3] for t in tails]
 
 
-def build(corpus: str, out: Path, seed: int = 0) -> list[str]:
-    """Write the three tasks' JSONL + YAML into `out`; returns the task names."""
+def _shuffles(line: str, rng: random.Random, k: int) -> list[str] | None:
+    """k distinct orderings of the line's words, none the original (None if the line has too few words)."""
+    words = line.split()
+    if len(words) < 5:
+        return None
+    seen, out = {line}, []
+    for _ in range(50):
+        cand = " ".join(rng.sample(words, len(words)))
+        if cand not in seen:
+            seen.add(cand)
+            out.append(cand)
+            if len(out) == k:
+                return out
+    return None
+
+
+def build(corpus: str, out: Path, seed: int = 0, frac: float = DEFAULT) -> list[str]:
+    """Write the four tasks' JSONL + YAML into `out`; returns the task names."""
     rng = random.Random(seed)
-    tails = held_out(corpus)
+    tails = held_out(corpus, frac)
     out.mkdir(parents=True, exist_ok=True)
     ppl = []
     for t in tails:
         body = t[t.find("\n") + 1:]  # start at a line boundary
-        ppl += [{"text": body[i:i + 1500]} for i in range(0, len(body) - 500, 1500)]
+        ppl += [{"text": body[i:i + 1000]} for i in range(0, len(body) - 300, 1000)]
     lines_by_file = _lines(tails)
     pool = [ln for lines in lines_by_file for ln in lines]
-    nextline, lastword = [], []
+    nextline, wordorder, lastword = [], [], []
     for lines in lines_by_file:
         for i in range(0, len(lines) - 4, 4):
             ctx, true = "\n".join(lines[i:i + 3]), lines[i + 3]
             wrong = rng.sample([ln for ln in pool if ln != true], 3)
             label = rng.randrange(4)
             nextline.append({"context": ctx + "\n", "choices": wrong[:label] + [true] + wrong[label:], "label": label})
+            shuffled = _shuffles(true, rng, 3)
+            if shuffled is not None:
+                label = rng.randrange(4)
+                wordorder.append({"context": "\n".join(lines[i + 1:i + 3]) + "\n",
+                                  "choices": shuffled[:label] + [true] + shuffled[label:], "label": label})
             words = re.sub(r"[^\w\s']+$", "", "\n".join(lines[i:i + 4])).split(" ")
             if len(words) > 8 and words[-1].isalpha():
                 lastword.append({"context": " ".join(words[:-1]), "target": words[-1]})
-    rows = {"ppl": ppl, "nextline": nextline, "lastword": lastword}
+    rows = {"ppl": ppl, "nextline": nextline, "wordorder": wordorder, "lastword": lastword}
     specs = {
         "ppl": {"output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
                 "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]},
         "nextline": {"output_type": "multiple_choice", "doc_to_text": "{{context}}", "doc_to_choice": "{{choices}}",
                      "doc_to_target": "{{label}}", "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}]},
+        "wordorder": {"output_type": "multiple_choice", "doc_to_text": "{{context}}", "doc_to_choice": "{{choices}}",
+                      "doc_to_target": "{{label}}", "metric_list": [{"metric": "acc"}]},
         "lastword": {"output_type": "loglikelihood", "doc_to_text": "{{context}}", "doc_to_target": " {{target}}",
                      "metric_list": [{"metric": "perplexity"}, {"metric": "acc"}]},
     }
@@ -99,10 +145,12 @@ def build(corpus: str, out: Path, seed: int = 0) -> list[str]:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", default="shakespeare", choices=data.CORPORA)
-    ap.add_argument("--out", type=Path, default=DEFAULT_DIR)
+    ap.add_argument("--val-fraction", type=float, default=DEFAULT + MARGIN, help="the runs' --val-fraction")
+    ap.add_argument("--out", type=Path, default=None, help="default: the folder eval/parity.py uses for this fraction")
     ap.add_argument("--check-tokenizer", default=None, help="a tokenizer folder: verify the held-out text was not trained on")
     a = ap.parse_args()
-    build(a.corpus, a.out)
+    frac = round(a.val_fraction - MARGIN, 6)
+    build(a.corpus, a.out or task_dir(frac), frac=frac)
     if a.check_tokenizer:
-        check_held_out(a.corpus, data.load_tokenizer(a.check_tokenizer))
+        check_held_out(a.corpus, data.load_tokenizer(a.check_tokenizer), a.val_fraction)
         print("held-out text lies inside the validation split for this tokenizer", file=sys.stderr)

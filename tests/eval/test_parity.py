@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("lm_eval")
 from eval.lm import PPCompressLM, stage_cuts  # noqa: E402
-from eval.parity import compare  # noqa: E402
+from eval.parity import compare, margin_for  # noqa: E402
 from recipes import data  # noqa: E402
 from recipes.model import GPTConfig, lm_loss  # noqa: E402
 from tests.integration.launch import ROOT, run_job  # noqa: E402
@@ -77,14 +77,58 @@ def test_lm_eval_cli_runs_the_local_tasks_with_our_model(run_dir, tmp_path):
     assert 0 <= res["ppc_fixture_nextline"]["acc,none"] <= 1
 
 
-@pytest.mark.parametrize("base,cand,higher,verdict", [
-    ([0, 1, 1, 0] * 25, [0, 1, 1, 0] * 25, True, "parity"),
-    ([1.0] * 100, [0.0] * 50 + [1.0] * 50, True, "worse"),
-    ([2.0 + 0.01 * i for i in range(100)], [2.0 + 0.01 * i + 0.3 for i in range(100)], False, "worse"),
-    ([2.0 + 0.01 * i for i in range(100)], [2.0 + 0.01 * i - 0.3 for i in range(100)], False, "parity"),
+def old_rule(base, cand, higher, tol=0.005):
+    """The rule parity.py used before issue 17: parity unless significantly (2 SE) and non-negligibly worse."""
+    n = len(base)
+    d = [c - b for b, c in zip(base, cand)]
+    mean = sum(d) / n
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n)
+    worse = -mean if higher else mean
+    return "parity" if worse <= 2 * se or worse <= tol * abs(sum(base) / n) else "worse"
+
+
+@pytest.mark.parametrize("base,cand,higher,margin,verdict", [
+    ([0, 1, 1, 0] * 25, [0, 1, 1, 0] * 25, True, 0.01, "parity"),  # identical: bound 0
+    ([1.0] * 100, [0.0] * 50 + [1.0] * 50, True, 0.01, "worse"),
+    ([2.0 + 0.01 * i for i in range(100)], [2.0 + 0.01 * i + 0.3 for i in range(100)], False, 0.02, "worse"),
+    ([2.0 + 0.01 * i for i in range(100)], [2.0 + 0.01 * i - 0.3 for i in range(100)], False, 0.02, "parity"),  # better
 ])
-def test_verdict_is_one_sided_two_standard_errors(base, cand, higher, verdict):
-    assert compare(base, cand, higher, tol=0.005)["verdict"] == verdict
+def test_non_inferiority_verdicts(base, cand, higher, margin, verdict):
+    assert compare(base, cand, higher, margin)["verdict"] == verdict
+
+
+def test_few_noisy_documents_pass_the_old_rule_and_fail_the_new_one():
+    # 8 documents, the candidate 0.5 points of accuracy-like score worse on average with large scatter: not
+    # *significantly* worse (the old rule passed it by default), but nothing shows it is within the 1-point margin
+    base = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    cand = [0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    assert old_rule(base, cand, higher=True) == "parity"
+    r = compare(base, cand, higher=True, margin=0.01)
+    assert r["verdict"] == "worse" and r["bound"] > 0.01 and r["n"] == 8
+
+
+def test_bound_is_the_one_sided_student_t_upper_bound():
+    from scipy import stats
+
+    base = [3.0, 3.1, 2.9, 3.2, 3.05, 2.95]
+    cand = [3.02, 3.13, 2.93, 3.21, 3.06, 2.99]  # bits/byte: higher is worse
+    d = [c - b for b, c in zip(base, cand)]
+    n, mean = len(d), sum(d) / len(d)
+    se = (sum((x - mean) ** 2 for x in d) / (n - 1)) ** 0.5 / n ** 0.5
+    r = compare(base, cand, higher=False, margin=0.03)
+    assert math.isclose(r["bound"], mean + stats.t.ppf(0.95, n - 1) * se, rel_tol=1e-12)
+    assert r["verdict"] == ("parity" if r["bound"] <= 0.03 else "worse")
+    assert compare(base, cand, higher=False, margin=0.03, confidence=0.5)["bound"] == pytest.approx(mean)
+
+
+def test_margins_follow_the_stated_rule():
+    assert margin_for("bits_per_byte", 2.5, rel=0.01, acc=0.01) == pytest.approx(0.025)
+    assert margin_for("ll", -9.7, rel=0.01, acc=0.01) == pytest.approx(math.log(1.01))  # perplexity may rise by 1%
+    assert margin_for("acc", 0.3, rel=0.01, acc=0.01) == 0.01
+    with pytest.raises(ValueError, match="no margin rule for metric 'f1'"):
+        margin_for("f1", 0.5, rel=0.01, acc=0.01)
+    with pytest.raises(ValueError, match="need the same >= 2 documents"):
+        compare([1.0], [1.0], higher=True, margin=0.01)
 
 
 def test_unknown_model_args_are_an_error_naming_the_accepted_ones(run_dir):
