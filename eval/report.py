@@ -1,11 +1,12 @@
 """eval/RESULTS.md and its plots from the quality study's runs (eval/study.py).
 
-    python eval/report.py                  # reads runs/study/*, copies each run's logs to eval/results/<name>/
+    python eval/report.py                  # copies runs/study_long/* to eval/results/long/, runs/study/* to eval/results/
     python eval/report.py --from-results   # rebuilds from the copies in eval/results alone
 
 The copies keep the measured data in the repository (runs/ is not tracked). Every number in RESULTS.md,
 the verdicts on the paper's findings included, is computed here from those logs by the rules written
-next to each finding; nothing is typed in by hand.
+next to each finding; nothing is typed in by hand. The long study (1,000 steps) is the headline, with the
+frontier (eval/frontier.py -> eval/results/frontier.json); the short 120-step study follows as history.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from eval.study import COMMON, FINETUNE, FT_COMMON, SETTINGS  # noqa: E402
+from eval import frontier  # noqa: E402
+from eval.study import COMMON, FINDINGS_RUNS, FINETUNE, FT_COMMON, LONG, LONG_COMMON, SETTINGS  # noqa: E402
 
 KEEP = ("metrics.jsonl", "run.json", "summary.json", "infer_none.json")
 LEVELS = ("0.5", "0.3", "0.2", "0.1", "0.05")
@@ -38,12 +40,13 @@ GROUPS = {
     "feedback": ["base", "topk0.1", "topk0.1+ef", "topk0.1+ef21", "topk0.1+aqsgd"],
     "matched-bytes": ["base", "topk0.1", "randk0.13", "lowrank10"],
     "subspace": ["base", "int8", *(f"subspace{k}{t}" for k in (48, 24, 12) for t in ("", "-int8"))],
+    "frontier": [n for n in LONG if n not in FINDINGS_RUNS],
     "seed-operators": ["base", "int8", "act-int8_grad-nat", "act-int8_grad-nat4", "act-int8_grad-int4stoch", "act-topk0.2",
                        "act-topk0.2row", "act-mdtopk0.2", "act-mdtopk0.2wg", "act-mdtopk0.2gw", "act-mdtopk0.2st"],
 }
 
 
-def load(run: Path) -> dict[str, Any] | None:
+def load(run: Path, settings: dict[str, str] | None = None) -> dict[str, Any] | None:
     if not (run / "summary.json").exists():
         return None
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -51,8 +54,9 @@ def load(run: Path) -> dict[str, Any] | None:
     evals = [r for r in rows if r["kind"] == "eval"]
     wire = sum(r["act_wire_bytes"] + r["grad_wire_bytes"] for r in train) / len(train)
     raw = sum(r["act_raw_bytes"] + r["grad_raw_bytes"] for r in train) / len(train)
-    out = {"name": run.name, "spec": SETTINGS.get(run.name, FINETUNE.get(run.name, "?")), "val_loss": evals[-1]["val_loss"], "evals": evals,
-           "train": train, "wire": wire, "ratio": raw / wire}
+    spec = (settings or {**SETTINGS, **FINETUNE}).get(run.name, "?")
+    out = {"name": run.name, "spec": spec, "val_loss": evals[-1]["val_loss"], "evals": evals, "train": train, "wire": wire,
+           "ratio": raw / wire, "steps": train[-1]["step"]}
     if (run / "infer_none.json").exists():
         out["val_loss_plain_inference"] = math.log(json.loads((run / "infer_none.json").read_text())["val_ppl"])
     return out
@@ -109,16 +113,21 @@ class Findings:
     def fmt(self, name: str) -> str:
         return f"{name} {self.d(name):+.3f}" if name in self.runs else f"{name} (not run)"
 
+    TITLES = ("1. Gradients are more sensitive than activations",
+              "2. TopK 10% is about the most aggressive level without severe harm (~10x less traffic)",
+              "3. A model trained with TopK works well only with TopK at inference too",
+              "4. EF / EF21 do not improve training quality, but allow inference without compression",
+              "5. AQ-SGD + TopK does not help",
+              "6. Loss starts to rise from Top-20% (GPT-2 finetuning in the paper)")
+
+    def rules(self) -> tuple:
+        return self.f1, self.f2, self.f3, self.f4, self.f5, self.f6
+
     def lines(self) -> list[str]:
         out = [f"Rule for \"no quality loss\": final validation loss within {self.tol:.3f} nats of the baseline "
                f"(twice the baseline's seed-to-seed gap of {self.seed_gap:.3f}, at least 0.02). Deltas are vs base "
                f"({self.base:.3f}); positive = worse.", ""]
-        for title, fn in [("1. Gradients are more sensitive than activations", self.f1),
-                          ("2. TopK 10% is about the most aggressive level without severe harm (~10x less traffic)", self.f2),
-                          ("3. A model trained with TopK works well only with TopK at inference too", self.f3),
-                          ("4. EF / EF21 do not improve training quality, but allow inference without compression", self.f4),
-                          ("5. AQ-SGD + TopK does not help", self.f5),
-                          ("6. Loss starts to rise from Top-20% (GPT-2 finetuning in the paper)", self.f6)]:
+        for title, fn in zip(self.TITLES, self.rules()):
             verdict, text = fn()
             out += [f"**{title}: {verdict}.** {text}", ""]
         return out
@@ -205,7 +214,7 @@ class Findings:
         if r["ratio"] < 1.05:
             plain = r.get("val_loss_plain_inference", math.nan)
             return "not testable in one epoch", text + (
-                " The run draws 120 steps x 16 = 1,920 training sequences and none of them twice, and "
+                f" The run draws {r.get('steps', 120)} steps x 16 training sequences and none of them twice, and "
                 "AQ-SGD sends a sample's first visit uncompressed, so nothing was compressed in training: evaluated "
                 f"without compression its loss is {plain:.3f} vs base {self.base:.3f}. Its delta above is only TopK "
                 "applied at inference to a model trained without it. AQ-SGD needs repeated epochs (finetuning on "
@@ -261,47 +270,100 @@ def table(runs: dict[str, dict], names: dict[str, str], base_name: str) -> list[
     return lines
 
 
+def copy_runs(runs: Path, results: Path) -> None:
+    for run in sorted(runs.glob("*/")):
+        if (run / "summary.json").exists():
+            (results / run.name).mkdir(parents=True, exist_ok=True)
+            for f in KEEP:
+                if (run / f).exists():
+                    shutil.copy(run / f, results / run.name / f)
+
+
+def findings_compared(old: Findings, new: Findings) -> list[str]:
+    """The six findings: the 120-step verdict next to the 1,000-step one, then the long study's evidence."""
+    lines = ["| finding | 120 steps | 1,000 steps |", "|---|---|---|"]
+    details = []
+    for title, fo, fn in zip(Findings.TITLES, old.rules(), new.rules()):
+        (vo, _), (vn, tn) = fo(), fn()
+        lines.append(f"| {title} | {vo} | {vn} |")
+        details += [f"**{title} (1,000 steps): {vn}.** {tn}", ""]
+    return lines + ["", new.lines()[0], "", *details]
+
+
+def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, dict], args: argparse.Namespace) -> list[str]:
+    rel = args.out.parent
+    rows = frontier.build(args.results / "long", args.e2e, args.results / "frontier.json")
+    made = frontier.plot(rows, rel / "plots" / "long") + [f for f in plots(long, rel / "plots" / "long", {}) if f != "quality_vs_bytes"]
+    e2e_cmd = args.e2e.with_suffix(".md").read_text().splitlines()[0] if args.e2e.with_suffix(".md").exists() else ""
+    return ["## The long study: 1,000 steps (the headline)", "",
+            f"Every run: `recipes/pretrain.py {' '.join(LONG_COMMON)} --pp-compress SPEC` (plus the setting's own options) — "
+            f"the same model, data and pipeline as the short study below, 2.0M tokens (1.3 epochs), 5% of every file "
+            f"held out, validation on 128 x 4 x 128 held-out tokens every 50 steps. {len(long)} of {len(LONG)} settings "
+            "measured (`python eval/study.py --protocol long`, resumable). Logs: `eval/results/long/<setting>/`.", "",
+            "### The frontier (`eval/results/frontier.json`)", "",
+            "Time to target = steps to reach the baseline's final validation loss (interpolated on the validation curve) x "
+            "the setting's step time over the link, measured by `benchmarks/e2e.py` on the same 4-stage pipeline "
+            f"({e2e_cmd.removeprefix('Command: ')}; untied embeddings, so the links carry pipeline traffic only). "
+            "Speedup = the baseline's time to target / the setting's. r = (uncompressed step time over the link - "
+            "unthrottled) / unthrottled. Bits per element count wire bits against the dense fp32 boundary tensors. "
+            "The loss rule: final loss within the baseline's seed noise floor; lm-eval: eval/parity.py's "
+            "non-inferiority verdict (below).", "",
+            *frontier.table(rows), "",
+            *[f"![{m}]({(rel / 'plots' / 'long' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], "",
+            "### The paper's six findings, re-judged", "", *findings_compared(Findings({**short, **ft}), Findings(long)),
+            "### All long-study settings", "", *table(long, LONG, "base"), ""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "study")
+    ap.add_argument("--long-runs", type=Path, default=ROOT / "runs" / "study_long")
     ap.add_argument("--results", type=Path, default=ROOT / "eval" / "results")
+    ap.add_argument("--e2e", type=Path, default=ROOT / "benchmarks" / "results" / "e2e_frontier.csv")
     ap.add_argument("--out", type=Path, default=ROOT / "eval" / "RESULTS.md")
     ap.add_argument("--from-results", action="store_true", help="rebuild from eval/results only")
     args = ap.parse_args()
     if not args.from_results:
-        for run in sorted(args.runs.glob("*/")):
-            if (run / "summary.json").exists():
-                (args.results / run.name).mkdir(parents=True, exist_ok=True)
-                for f in KEEP:
-                    if (run / f).exists():
-                        shutil.copy(run / f, args.results / run.name / f)
+        copy_runs(args.runs, args.results)
+        copy_runs(args.long_runs, args.results / "long")
     every = {r["name"]: r for r in (load(p) for p in sorted(args.results.glob("*/"))) if r}
     runs = {n: r for n, r in every.items() if n in SETTINGS}
     ft = {n: r for n, r in every.items() if n in FINETUNE}
+    long = {n: r for n in LONG if (r := load(args.results / "long" / n, LONG))}
     if "base" not in runs:
         raise SystemExit(f"no baseline run in {args.results}: run `python eval/study.py --only base` first")
     made = plots(runs, args.out.parent / "plots", ft)
     rel = args.out.parent
     parity = args.results / "parity.md"
+    long_parity = args.results / "long" / "parity.md"
     lines = ["# Quality study: compression on the real 4-stage DeepSpeed pipeline", "",
-             f"Generated by `python eval/report.py` from the runs of `python eval/study.py` ({len(runs)} of {len(SETTINGS)} "
-             f"settings measured). Every run: `recipes/pretrain.py {' '.join(COMMON)} --pp-compress SPEC` — 4 stage "
-             "processes on CPU/gloo, the `small` GPT (4.2M parameters), Shakespeare with an 8192-token BPE, micro-batch "
-             "4 x seq 128, 4 micro-batches per step, fp32, the same seed, data order and validation batches (32 x 4 x 128 "
-             "tokens) for every setting. Validation loss is measured through the pipeline with the run's own "
-             "inference compression (the activation spec); the last column re-evaluates the final checkpoint with no "
-             "compression at all (`recipes/infer.py --pp-compress none`, same batches). Logs: `eval/results/<setting>/`.", "",
-             "## Findings of the paper, checked on our pipeline", "", *Findings({**runs, **ft}).lines(),
-             "## All pretraining settings", "", *table(runs, SETTINGS, "base"), ""]
+             "Generated by `python eval/report.py` from the runs of `python eval/study.py --protocol long` (the headline) and "
+             "`python eval/study.py` (the short 120-step study, kept as history). 4 stage processes on CPU/gloo, the "
+             "`small` GPT (4.2M parameters), Shakespeare with an 8192-token BPE, micro-batch 4 x seq 128, 4 micro-batches "
+             "per step, fp32, the same seed, data order and validation batches for every setting. Validation loss is "
+             "measured through the pipeline with the run's own inference compression (the activation spec).", ""]
+    if "base" in long:
+        lines += long_section(long, runs, ft, args)
+        if long_parity.exists():
+            lines += ["### lm-eval non-inferiority of the long study's final checkpoints (eval/parity.py)", "",
+                      long_parity.read_text(), ""]
+    lines += ["## History: the short study (120 steps)", "",
+              f"Every run: `recipes/pretrain.py {' '.join(COMMON)} --pp-compress SPEC` ({len(runs)} of {len(SETTINGS)} settings "
+              "measured), 2% of every file held out, validation on 32 x 4 x 128 tokens. The last column of the tables "
+              "re-evaluates the final checkpoint with no compression at all (`recipes/infer.py --pp-compress none`, same "
+              "batches). Logs: `eval/results/<setting>/`. At 120 steps (245k tokens) the models are still learning "
+              "unigram statistics; the long study above supersedes these verdicts.", "",
+              "### Findings of the paper at 120 steps", "", *Findings({**runs, **ft}).lines(),
+              "### All pretraining settings", "", *table(runs, SETTINGS, "base"), ""]
     if ft:
-        lines += ["## Finetuning SmolLM2-135M-Instruct", "",
+        lines += ["### Finetuning SmolLM2-135M-Instruct", "",
                   f"`recipes/finetune.py {' '.join(FT_COMMON)} --pp-compress SPEC` (`make models` first): Jane Austen's "
                   "novels, SmolLM2's tokenizer, validation loss on 8 x 2 x 128 held-out tokens.", "",
                   *table(ft, FINETUNE, "ft-base"), ""]
-    lines += [
-             "## Plots", "", *[f"![{m}]({(rel / 'plots' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], ""]
+    lines += ["### Plots (120 steps)", "", *[f"![{m}]({(rel / 'plots' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], ""]
     if parity.exists():
-        lines += ["## lm-eval parity of the final checkpoints (eval/parity.py)", "", parity.read_text(), ""]
+        lines += ["### lm-eval parity of the 120-step checkpoints (the old rule: parity unless significantly worse)", "",
+                  parity.read_text().replace("# Parity report", "", 1), ""]
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))
 

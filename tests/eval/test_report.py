@@ -88,3 +88,29 @@ def test_no_baseline_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                       "--out", str(tmp_path / "R.md")])
     with pytest.raises(SystemExit, match="no baseline run"):
         report.main()
+
+
+def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    res = tmp_path / "results"
+    write_run(res, "base", [6.0, 5.0], 1000.0, 1000.0)  # the short study (history)
+    write_run(res, "base-seed1", [6.0, 5.02], 1000.0, 1000.0)
+    write_run(res / "long", "base", [6.0, 5.0, 4.0], 1000.0, 1000.0)
+    write_run(res / "long", "base-seed1", [6.0, 5.0, 4.02], 1000.0, 1000.0)
+    write_run(res / "long", "int8", [5.5, 4.5, 3.99], 1000.0, 250.0)  # reaches 4.0 just before its last evaluation
+    e2e = tmp_path / "e2e.csv"
+    rows = ["mode,link,rate_mbit,latency_ms,spec,step_s"]
+    for link, rate, none_s, int8_s in (("none", 0, 1.0, 1.0), ("2mbit", 2, 11.0, 3.0)):
+        rows += [f"netns+tbf,{link},{rate},0,none,{none_s}", f"netns+tbf,{link},{rate},0,int8,{int8_s}"]
+    e2e.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "RESULTS.md"
+    monkeypatch.setattr(sys, "argv", ["report.py", "--from-results", "--results", str(res), "--out", str(out), "--e2e", str(e2e)])
+    report.main()
+    text = out.read_text()
+    assert text.index("## The long study") < text.index("## History: the short study")
+    assert "| speedup 2mbit (r=10.0) |" in text
+    steps = 2 + 0.5 / 0.51  # int8 crosses 4.0 between step 2 (4.5) and 3 (3.99)
+    assert f"| 8.00 / 8.00 (8.00) | 4.00x | 3.990 | -0.010 (0.020) | parity / not run | {steps:.0f} | {3 * 11.0 / (steps * 3.0):.2f}x |" in text
+    assert "| 1. Gradients are more sensitive than activations | not measured | not measured |" in text
+    data = json.loads((res / "frontier.json").read_text())
+    assert [r["name"] for r in data] == ["base", "base-seed1", "int8"]
+    assert (tmp_path / "plots" / "long" / "speedup_vs_r.png").stat().st_size > 0

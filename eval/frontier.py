@@ -1,0 +1,230 @@
+"""The frontier (issue 17): for every setting of the long study, bits on the wire, quality, and time to target per link.
+
+    python eval/frontier.py     # eval/results/long/* + benchmarks/results/e2e_frontier.csv -> eval/results/frontier.json
+
+Definitions (each computed here from logged numbers, nothing typed in):
+- target: the baseline's (`base`, seed 0) final validation loss.
+- steps to target: the first step at which a run's validation curve reaches the target, linear between its
+  evaluations; None ("never") if it does not within the run.
+- step time per link: benchmarks/e2e.py's measured mean step time of the same spec (and recipe options) on the
+  same pipeline over that rate-limited link. With an uncompressed warm-up of W steps, the run's first W steps
+  take the uncompressed step time.
+- time to target = steps to target x step time; speedup = the baseline's time to target / the setting's, per link.
+- comm/compute ratio of a link: r = (uncompressed step time over the link - unthrottled) / unthrottled.
+- bits per element: wire bits per element of the dense boundary tensors (the baseline's raw bytes, fp32 = 32 bits),
+  forward (activations) and backward (gradients), steady state (the last logged step, after any warm-up). A
+  subspace run's k coordinates and token ids count against the dense d-wide tensor they replace. The wire ratio
+  is the baseline's raw bytes per step / the run's wire bytes per step, averaged over the whole run.
+- loss rule: parity when the final validation loss is at most the baseline's plus its seed noise floor
+  |base - base-seed1|. lm-eval rule: eval/parity.py's non-inferiority verdict (all metrics), where it was run.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import pp_compress as ppc  # noqa: E402
+from eval.study import EXTRA, LONG, SEEDS  # noqa: E402
+
+RESULTS = ROOT / "eval" / "results"
+
+
+def steps_to_target(evals: list[tuple[int, float]], target: float) -> float | None:
+    """First step where the validation curve (step, loss) reaches `target`, linear between evaluations."""
+    prev: tuple[int, float] | None = None
+    for step, loss in evals:
+        if loss <= target:
+            if prev is None or prev[1] == loss:
+                return float(step)
+            s0, l0 = prev
+            return s0 + (l0 - target) / (l0 - loss) * (step - s0)
+        prev = (step, loss)
+    return None
+
+
+def comm_ratio(step_s_link: float, step_s_free: float) -> float:
+    """r: the link's communication time per step over the compute time, for the uncompressed run."""
+    return (step_s_link - step_s_free) / step_s_free
+
+
+def time_to_target(steps: float | None, step_s: float, warmup: int = 0, warm_step_s: float | None = None) -> float | None:
+    """Seconds to reach the target: `warmup` steps at `warm_step_s` (uncompressed), the rest at `step_s`."""
+    if steps is None:
+        return None
+    warm = min(steps, warmup)
+    return warm * (warm_step_s if warmup else 0.0) + (steps - warm) * step_s
+
+
+def e2e_key(spec: str, options: list[str]) -> str:
+    """The spec (canonical, warm-up removed: e2e measures the steady state) plus the run's own recipe options."""
+    cfg = dataclasses.replace(ppc.parse_spec(spec), warmup_steps=0)
+    return " ".join([str(cfg), *options])
+
+
+def load_e2e(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """link -> e2e key -> row, from benchmarks/e2e.py's CSV."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in csv.DictReader(path.open()):
+        compress, *options = row["spec"].split()
+        out.setdefault(row["link"], {})[e2e_key(compress, options)] = {
+            "step_s": float(row["step_s"]), "rate_mbit": float(row["rate_mbit"]), "latency_ms": float(row["latency_ms"])}
+    return out
+
+
+def load_run(run: Path) -> dict[str, Any] | None:
+    if not (run / "summary.json").exists():
+        return None
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    evals = [(r["step"], r["val_loss"]) for r in rows if r["kind"] == "eval"]
+    last = train[-1]
+    return {"evals": evals, "final": evals[-1][1], "wire": sum(r["act_wire_bytes"] + r["grad_wire_bytes"] for r in train) / len(train),
+            "act_wire": last["act_wire_bytes"], "grad_wire": last["grad_wire_bytes"],
+            "act_raw": last["act_raw_bytes"], "grad_raw": last["grad_raw_bytes"]}
+
+
+def lm_eval_verdicts(path: Path) -> dict[str, str]:
+    """Run name -> "parity" / "worse" (worse if any metric fails), from an eval/parity.py report."""
+    if not path.exists():
+        return {}
+    rep = json.loads(path.read_text())
+    return {Path(c["checkpoint"]).name: "parity" if all(m["verdict"] == "parity" for m in c["metrics"].values()) else "worse"
+            for c in rep["candidates"]}
+
+
+def frontier(runs: dict[str, dict[str, Any]], e2e: dict[str, dict[str, dict[str, Any]]], verdicts: dict[str, str]
+             ) -> list[dict[str, Any]]:
+    base = runs["base"]
+    target = base["final"]
+    elem_bits = 32  # the study trains in fp32
+    floor = abs(runs["base-seed1"]["final"] - target) if "base-seed1" in runs else None
+    free = e2e.get("none", {}).get(e2e_key("none", []))
+    base_steps = steps_to_target(base["evals"], target)
+    out = []
+    for name, r in runs.items():
+        spec, options = LONG[name], EXTRA.get(name, [])
+        warmup = ppc.parse_spec(spec).warmup_steps
+        steps = steps_to_target(r["evals"], target)
+        links = {}
+        for link, rows in e2e.items():
+            mine, none = rows.get(e2e_key(spec, options)), rows.get(e2e_key("none", []))
+            if mine is None or none is None:
+                continue
+            t = time_to_target(steps, mine["step_s"], warmup, none["step_s"])
+            t_base = time_to_target(base_steps, none["step_s"])
+            links[link] = {"rate_mbit": mine["rate_mbit"], "latency_ms": mine["latency_ms"],
+                           "r": comm_ratio(none["step_s"], free["step_s"]) if free else None,
+                           "step_s": mine["step_s"], "time_to_target_s": t,
+                           "speedup": t_base / t if t and t_base else None}
+        delta = r["final"] - target
+        fwd, bwd = elem_bits * r["act_wire"] / base["act_raw"], elem_bits * r["grad_wire"] / base["grad_raw"]
+        out.append({"name": name, "spec": spec, "options": options, "seed": SEEDS.get(name, 0),
+                    "bits_fwd": fwd, "bits_bwd": bwd, "bits_avg": (fwd + bwd) / 2,
+                    "wire_ratio": (base["act_raw"] + base["grad_raw"]) / r["wire"], "final_val_loss": r["final"], "delta": delta, "noise_floor": floor,
+                    "steps_to_target": steps, "links": links,
+                    "parity": {"loss_rule": None if floor is None else ("parity" if delta <= floor else "worse"),
+                               "lm_eval": verdicts.get(name)}})
+    return out
+
+
+def _fmt_steps(steps: float | None) -> str:
+    return "never" if steps is None else f"{steps:.0f}"
+
+
+def link_order(rows: list[dict[str, Any]]) -> list[tuple[str, float | None]]:
+    """(link, r) of every measured link but the unthrottled one, slowest link (largest r) last."""
+    base = next(r for r in rows if r["name"] == "base")
+    links = [(k, v["r"]) for k, v in base["links"].items() if v["rate_mbit"] > 0]
+    return sorted(links, key=lambda x: x[1] if x[1] is not None else -1)
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    """The frontier as a markdown table: bits, quality, verdicts, steps and speedup to target per link."""
+    links = link_order(rows)
+    head = ["setting", "--pp-compress", "bits/elem fwd / bwd (avg)", "wire ratio", "final val loss", "delta (floor)",
+            "parity: loss / lm-eval", "steps to target",
+            *(f"speedup {k} (r={r:.1f})" if r is not None else f"speedup {k}" for k, r in links)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        spec = " ".join([f"`{r['spec']}`", *r["options"]])
+        floor = f" ({r['noise_floor']:.3f})" if r["noise_floor"] is not None else ""
+        sp = [f"{r['links'][k]['speedup']:.2f}x" if k in r["links"] and r["links"][k]["speedup"] else
+              ("never" if k in r["links"] else "") for k, _ in links]
+        out.append(f"| {r['name']} | {spec} | {r['bits_fwd']:.2f} / {r['bits_bwd']:.2f} ({r['bits_avg']:.2f}) | "
+                   f"{r['wire_ratio']:.2f}x | {r['final_val_loss']:.3f} | {r['delta']:+.3f}{floor} | "
+                   f"{r['parity']['loss_rule'] or ''} / {r['parity']['lm_eval'] or 'not run'} | {_fmt_steps(r['steps_to_target'])} | "
+                   + " | ".join(sp) + " |")
+    return out
+
+
+def plot(rows: list[dict[str, Any]], where: Path) -> list[str]:
+    """quality_vs_bits.png and speedup_vs_r.png in `where`; returns their stems."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    where.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    floor = next((r["noise_floor"] for r in rows if r["noise_floor"] is not None), None)
+    if floor is not None:
+        ax.axhspan(-floor, floor, color="0.85", label=f"seed noise floor (+-{floor:.3f})")
+    for r in rows:
+        ax.scatter(r["bits_avg"], r["delta"], color="C2" if r["parity"]["loss_rule"] == "parity" else "C3")
+        ax.annotate(r["name"], (r["bits_avg"], r["delta"]), fontsize=6)
+    ax.set(xscale="log", xlabel="bits per element on the wire (mean of forward and backward; fp32 = 32)",
+           ylabel="final validation loss - baseline", title="quality vs bits (1,000 steps; green: within the noise floor)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(where / "quality_vs_bits.png", dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    links = link_order(rows)
+    for i, r in enumerate(x for x in rows if x["name"] != "base" and x["steps_to_target"] is not None):
+        pts = [(rr, r["links"][k]["speedup"]) for k, rr in links if k in r["links"] and rr is not None]
+        if pts:
+            ax.plot(*zip(*pts), "o-", color=f"C{i % 10}", label=r["name"])
+    ax.axhline(1.0, color="0.5", lw=0.8)
+    ax.set(xscale="log", xlabel="comm/compute ratio r of the link (uncompressed run)",
+           ylabel="time-to-target speedup vs uncompressed", title="wall-clock to the baseline's final loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(where / "speedup_vs_r.png", dpi=110)
+    plt.close(fig)
+    return ["quality_vs_bits", "speedup_vs_r"]
+
+
+def build(results: Path, e2e: Path, out: Path) -> list[dict[str, Any]]:
+    """frontier.json from the long study's logs, the e2e step times and the parity report (if run)."""
+    runs = {n: r for n in LONG if (r := load_run(results / n))}
+    if "base" not in runs:
+        raise SystemExit(f"no baseline run in {results}: run `python eval/study.py --protocol long --only base` first")
+    if not e2e.exists():
+        raise SystemExit(f"no step times in {e2e}: run benchmarks/e2e.py (its command is in {e2e.with_suffix('.md').name})")
+    rows = frontier(runs, load_e2e(e2e), lm_eval_verdicts(results / "parity.json"))
+    out.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", type=Path, default=RESULTS / "long")
+    ap.add_argument("--e2e", type=Path, default=ROOT / "benchmarks" / "results" / "e2e_frontier.csv")
+    ap.add_argument("--out", type=Path, default=RESULTS / "frontier.json")
+    args = ap.parse_args()
+    rows = build(args.results, args.e2e, args.out)
+    print("\n".join(table(rows)))
+    print(f"{len(rows)} settings -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

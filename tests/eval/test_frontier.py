@@ -1,0 +1,67 @@
+"""eval/frontier.py: steps and time to target, the links' comm/compute ratio, the per-setting frontier rows."""
+import math
+
+import pytest
+
+from eval import frontier as fr
+
+
+def test_steps_to_target_interpolates_on_the_validation_curve():
+    curve = [(100, 6.0), (200, 5.0), (300, 4.5), (400, 4.4)]
+    assert fr.steps_to_target(curve, 5.0) == 200.0  # reached exactly at an evaluation
+    assert fr.steps_to_target(curve, 4.75) == pytest.approx(250.0)  # halfway between 200 (5.0) and 300 (4.5)
+    assert fr.steps_to_target(curve, 4.42) == pytest.approx(380.0)
+    assert fr.steps_to_target(curve, 4.39) is None  # never reached: "never", not the last step
+    assert fr.steps_to_target(curve, 7.0) == 100.0  # already there at the first evaluation
+    # the first crossing counts, even if the curve rises again later (overfitting)
+    assert fr.steps_to_target([(50, 5.0), (100, 4.0), (150, 4.6)], 4.5) == pytest.approx(75.0)
+
+
+def test_time_to_target_and_the_comm_compute_ratio():
+    assert fr.comm_ratio(11.0, 1.0) == 10.0
+    assert fr.time_to_target(800.0, 0.5) == 400.0
+    assert fr.time_to_target(None, 0.5) is None
+    # an uncompressed warm-up: its steps take the uncompressed step time
+    assert fr.time_to_target(800.0, 0.5, warmup=100, warm_step_s=2.0) == 100 * 2.0 + 700 * 0.5
+    assert fr.time_to_target(50.0, 0.5, warmup=100, warm_step_s=2.0) == 50 * 2.0
+
+
+def test_e2e_key_ignores_warmup_and_spelling():
+    assert fr.e2e_key("act=int4,grad=int3:stoch,warmup=100", []) == fr.e2e_key("act=int4,grad=int3:stoch", [])
+    assert fr.e2e_key("int8", ["--subspace", "48"]) == fr.e2e_key("act=int8,grad=int8", ["--subspace", "48"])
+    assert fr.e2e_key("int8", []) != fr.e2e_key("int8", ["--subspace", "48"])
+
+
+def _run(final_curve, act_wire, grad_wire, raw=4.0):
+    evals = [(s, v) for s, v in final_curve]
+    return {"evals": evals, "final": evals[-1][1], "wire": act_wire + grad_wire, "act_wire": act_wire, "grad_wire": grad_wire,
+            "act_raw": raw, "grad_raw": raw}
+
+
+def test_frontier_rows_combine_quality_and_link_times(monkeypatch):
+    monkeypatch.setattr(fr, "LONG", {"base": "none", "base-seed1": "none", "int8": "int8", "act-int4_grad-int3stoch-warm100":
+                                     "act=int4,grad=int3:stoch,warmup=100", "slow": "int2"})
+    monkeypatch.setattr(fr, "EXTRA", {})
+    runs = {"base": _run([(500, 5.0), (1000, 4.0)], 4.0, 4.0),
+            "base-seed1": _run([(500, 5.1), (1000, 4.05)], 4.0, 4.0),
+            "int8": _run([(500, 4.9), (1000, 3.9)], 1.0, 1.0),  # reaches 4.0 at step 950
+            "act-int4_grad-int3stoch-warm100": _run([(500, 5.0), (1000, 4.0)], 0.5, 0.375),
+            "slow": _run([(500, 5.5), (1000, 4.5)], 0.25, 0.25)}
+    none, int8, i43 = fr.e2e_key("none", []), fr.e2e_key("int8", []), fr.e2e_key("act=int4,grad=int3:stoch", [])
+    e2e = {"none": {none: {"step_s": 1.0, "rate_mbit": 0.0, "latency_ms": 0.0}, int8: {"step_s": 1.0, "rate_mbit": 0.0, "latency_ms": 0.0}},
+           "2mbit": {none: {"step_s": 11.0, "rate_mbit": 2.0, "latency_ms": 0.0}, int8: {"step_s": 3.0, "rate_mbit": 2.0, "latency_ms": 0.0},
+                     i43: {"step_s": 2.0, "rate_mbit": 2.0, "latency_ms": 0.0}}}
+    rows = {r["name"]: r for r in fr.frontier(runs, e2e, {"int8": "parity"})}
+    b, r8 = rows["base"], rows["int8"]
+    assert b["steps_to_target"] == 1000.0 and b["links"]["2mbit"]["speedup"] == 1.0 and b["links"]["2mbit"]["r"] == 10.0
+    assert r8["steps_to_target"] == pytest.approx(950.0)
+    assert r8["links"]["2mbit"]["speedup"] == pytest.approx(1000 * 11.0 / (950 * 3.0))
+    assert r8["bits_fwd"] == 8.0 and r8["bits_bwd"] == 8.0 and r8["wire_ratio"] == 4.0
+    assert r8["noise_floor"] == pytest.approx(0.05) and r8["parity"] == {"loss_rule": "parity", "lm_eval": "parity"}
+    w = rows["act-int4_grad-int3stoch-warm100"]
+    assert w["bits_avg"] == pytest.approx((4.0 + 3.0) / 2)
+    assert w["links"]["2mbit"]["time_to_target_s"] == pytest.approx(100 * 11.0 + 900 * 2.0)  # warm-up at the uncompressed step time
+    assert "none" not in w["links"]  # not measured on that link: no number rather than a guess
+    s = rows["slow"]
+    assert s["steps_to_target"] is None and s["parity"]["loss_rule"] == "worse" and s["links"] == {}
+    assert math.isclose(s["delta"], 0.5)
