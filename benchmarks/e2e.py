@@ -34,6 +34,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -223,7 +224,7 @@ def write(results: list[dict], args: argparse.Namespace, mode: str) -> None:
     how = ("kernel tbf rate limits on veth pairs between per-stage network namespaces; latency added per message "
            "by the sender (no netem in this kernel)") if mode == "netns+tbf" else \
         "EMULATED in-process: the sender sleeps latency + bytes/rate before each message"
-    command = " ".join(["python", "benchmarks/e2e.py", *(f"'{a}'" if " " in a else a for a in sys.argv[1:])])
+    command = shlex.join(["python", "benchmarks/e2e.py", *sys.argv[1:]])
     lines = [f"Command: `{command}`", "", f"`{args.model}` GPT, {args.stages} stages, micro-batch 4 x seq 128, 4 micro-batches per step, fp32, "
              f"CPU/gloo, {args.steps} steps per run (mean of steps 3..{args.steps}); links: {how}."
              + (" Tied embeddings: the links also carry the embedding-gradient all-reduce between the first and last "

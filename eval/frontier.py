@@ -164,6 +164,25 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def at_parity(r: dict[str, Any]) -> bool:
+    """Both rules pass (lm-eval must have been run)."""
+    return r["parity"]["loss_rule"] == "parity" and r["parity"]["lm_eval"] == "parity"
+
+
+def headline(rows: list[dict[str, Any]]) -> list[str]:
+    """The README headline: the setting with the fewest bits at parity on both rules, and its time-to-target speedups."""
+    best = min((r for r in rows if r["name"] != "base" and at_parity(r)), key=lambda r: r["bits_avg"], default=None)
+    if best is None:
+        return ["No compressed setting of the long study is at parity on both rules yet."]
+    speed = ", ".join(f"{best['links'][k]['speedup']:.2f}x at r = {r:.1f} ({k})" for k, r in link_order(rows)
+                      if k in best["links"] and best["links"][k]["speedup"] and r is not None)
+    return [f"Best setting at parity (final loss within the seed noise floor and lm-eval non-inferior): `{best['spec']}`"
+            f"{' ' + ' '.join(best['options']) if best['options'] else ''}: {best['bits_avg']:.2f} bits per element "
+            f"({best['wire_ratio']:.2f}x fewer bytes than fp32), final loss {best['delta']:+.3f} vs the baseline "
+            f"(noise floor {best['noise_floor']:.3f}), reaching the baseline's final loss at step "
+            f"{_fmt_steps(best['steps_to_target'])} of 1,000. Time-to-target speedup: {speed}."]
+
+
 def plot(rows: list[dict[str, Any]], where: Path) -> list[str]:
     """quality_vs_bits.png and speedup_vs_r.png in `where`; returns their stems."""
     import matplotlib

@@ -119,9 +119,26 @@ class PPCompressLM(LM):
     def _encode(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
-    @torch.no_grad()
     def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        """(sum log p(continuation | context), continuation is the greedy one) for token-id pairs."""
+        """(sum log p(continuation | context), continuation is the greedy one) for token-id pairs.
+
+        A continuation longer than half the window is scored in pieces of half a window, each conditioned on as much
+        of the context and the earlier pieces as fits: the sum of the pieces is its log-likelihood (chain rule)."""
+        step = max(1, self.max_length // 2)
+        pieces, owner = [], []
+        for i, (ctx, cont) in enumerate(pairs):
+            for j in range(0, len(cont), step) if len(cont) > step else [0]:
+                pieces.append((ctx + cont[:j], cont[j:j + step] if len(cont) > step else cont))
+                owner.append(i)
+        scored = self._score_fitting(pieces)
+        out = [(0.0, True) for _ in pairs]
+        for i, (ll, greedy) in zip(owner, scored):
+            out[i] = (out[i][0] + ll, out[i][1] and greedy)
+        return out
+
+    @torch.no_grad()
+    def _score_fitting(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """_score for continuations that fit the window (the context is cut from the left)."""
         out: list[tuple[float, bool]] = []
         for i in range(0, len(pairs), self.batch):
             chunk = pairs[i:i + self.batch]

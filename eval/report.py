@@ -308,7 +308,7 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
             "unthrottled) / unthrottled. Bits per element count wire bits against the dense fp32 boundary tensors. "
             "The loss rule: final loss within the baseline's seed noise floor; lm-eval: eval/parity.py's "
             "non-inferiority verdict (below).", "",
-            *frontier.table(rows), "",
+            *frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows)), "",
             *[f"![{m}]({(rel / 'plots' / 'long' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], "",
             "### The paper's six findings, re-judged", "", *findings_compared(Findings({**short, **ft}), Findings(long)),
             "### All long-study settings", "", *table(long, LONG, "base"), ""]

@@ -94,10 +94,33 @@ LONG: dict[str, str] = {
 }
 # The paper's six findings re-judged (eval/report.py's Findings): TopK levels, one direction, feedback, AQ-SGD
 FINDINGS_RUNS = ("topk0.1", "topk0.1+ef", "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.1+aqsgd", "topk0.2", "topk0.3")
+LONG_COMMON = ["--stages", "4", "--model", "small", "--steps", "1000", "--val-fraction", "0.05", "--eval-every", "50",
+               "--eval-batches", "32", "--log-every", "20", "--save-every", "100"]
+# Multi-epoch finetuning, where AQ-SGD can compress: it sends a sample's first visit raw and later visits as compressed
+# deltas to what the receiver already holds, so with E epochs (E - 1) / E of the traffic is deltas. SmolLM2-135M on
+# 32 sequences of Austen for 8 epochs (64 steps of 4 sequences): 7/8 of the visits are repeats, and 8 epochs of a small
+# set is the usual few-shot finetuning regime. int4 without AQ-SGD is the control at the same delta bits.
+FT_EPOCHS: dict[str, str] = {"ft-ep-base": "none", "ft-ep-act-int4": "act=int4,grad=int8",
+                             "ft-ep-act-int4+aqsgd": "act=int4+aqsgd,grad=int8", "ft-ep-act-int2+aqsgd": "act=int2+aqsgd,grad=int8"}
+FT_EP_COMMON = ["--stages", "2", "--data", "austen", "--train-sequences", "32", "--steps", "64", "--seq-len", "128",
+                "--micro-batch", "2", "--grad-accum", "2", "--eval-every", "8", "--eval-batches", "8", "--log-every", "4",
+                "--lr", "5e-5", "--seed", "0", "--save-every", "16"]
 LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
-LONG_COMMON = ["--stages", "4", "--model", "small", "--steps", "1000", "--val-fraction", "0.05", "--eval-every", "50", "--eval-batches", "32",
-               "--log-every", "20", "--save-every", "100"]
-PROTOCOLS = {"short": (SETTINGS, COMMON, ROOT / "runs" / "study"), "long": (LONG, LONG_COMMON, ROOT / "runs" / "study_long")}
+# protocol -> (names in run order, where the runs go)
+PROTOCOLS = {"short": (list(SETTINGS), ROOT / "runs" / "study"),
+             "long": ([n for n in LONG if n not in FINDINGS_RUNS] + list(FT_EPOCHS) + list(FINDINGS_RUNS), ROOT / "runs" / "study_long")}
+
+
+def job(name: str, protocol: str) -> tuple[str, int, list[str], str]:
+    """(recipe, processes, its arguments, the spec) of one setting of a protocol."""
+    if name in FINETUNE:
+        return "finetune.py", 2, [*FT_COMMON, "--seed", str(SEEDS.get(name, 0))], FINETUNE[name]
+    if protocol == "long" and name in FT_EPOCHS:
+        return "finetune.py", 2, FT_EP_COMMON, FT_EPOCHS[name]
+    settings, common = (LONG, LONG_COMMON) if protocol == "long" else (SETTINGS, COMMON)
+    if name not in settings:
+        raise SystemExit(f"unknown setting {name!r} in the {protocol} protocol; accepted: {', '.join([*PROTOCOLS[protocol][0], *FINETUNE])}")
+    return "pretrain.py", 4, [*common, "--seed", str(SEEDS.get(name, 0)), *EXTRA.get(name, [])], settings[name]
 
 
 def main() -> None:
@@ -106,42 +129,29 @@ def main() -> None:
     ap.add_argument("--protocol", choices=list(PROTOCOLS), default="short",
                     help="short: 120 steps (the first study, kept as history); long: 1,000 steps (the headline)")
     ap.add_argument("--runs", type=Path, default=None, help="where the runs go (default runs/study, runs/study_long)")
-    ap.add_argument("--finetune", action="store_true", help=f"the finetuning settings {list(FINETUNE)} instead")
+    ap.add_argument("--finetune", action="store_true", help=f"the short finetuning settings {list(FINETUNE)} instead")
     args = ap.parse_args()
-    settings, common, runs = PROTOCOLS[args.protocol]
+    order, runs = PROTOCOLS[args.protocol]
     args.runs = args.runs or runs
-    names = args.only.split(",") if args.only else list(FINETUNE if args.finetune else settings)
+    names = args.only.split(",") if args.only else list(FINETUNE) if args.finetune else order
     for name in names:
         out = args.runs / name
-        if name in FINETUNE and not (out / "summary.json").exists():
-            t0 = time.perf_counter()
-            try:
-                rc, log = run_job(ROOT / "recipes/finetune.py", 2, *FT_COMMON, "--seed", str(SEEDS.get(name, 0)), "--pp-compress",
-                                  FINETUNE[name], "--out", str(out), "--overwrite", timeout=3600)
-            except TimeoutError as e:  # run_job: the job hung or overran (and was killed); go on with the next setting
-                rc, log = 124, str(e)
-            print(f"{name:24s} {FINETUNE[name]:34s} rc={rc} {time.perf_counter() - t0:.0f} s", flush=True)
-            if rc != 0:
-                print(log[-3000:], flush=True)
-        if name in FINETUNE:
-            if name in FT_FEEDBACK and (out / "summary.json").exists():  # the validation batches of FT_COMMON's evaluations
-                infer_plain(name, out, "--stages", "2", "--data", "austen", "--micro-batch", "2", "--ppl-batches", "16")
-            continue
-        if name not in settings:
-            raise SystemExit(f"unknown setting {name!r}; accepted: {', '.join([*settings, *FINETUNE])}")
+        recipe, nproc, recipe_args, spec = job(name, args.protocol)
         if not (out / "summary.json").exists():
             t0 = time.perf_counter()
             again = "--resume" if (out / "ckpt" / "latest").exists() else "--overwrite"  # a run cut off goes on
             try:
-                rc, log = run_job(ROOT / "recipes/pretrain.py", 4, *common, "--seed", str(SEEDS.get(name, 0)), "--pp-compress",
-                                  settings[name], *EXTRA.get(name, []), "--out", str(out), again, timeout=7200)
-            except TimeoutError as e:
+                rc, log = run_job(ROOT / "recipes" / recipe, nproc, *recipe_args, "--pp-compress", spec, "--out", str(out), again,
+                                  timeout=7200)
+            except TimeoutError as e:  # run_job: the job hung or overran (and was killed); go on with the next setting
                 rc, log = 124, str(e)
-            print(f"{name:24s} {settings[name]:34s} {again} rc={rc} {time.perf_counter() - t0:.0f} s", flush=True)
+            print(f"{name:24s} {spec:34s} {again} rc={rc} {time.perf_counter() - t0:.0f} s", flush=True)
             if rc != 0:
                 print(log[-3000:], flush=True)
                 continue
-        if name in FEEDBACK:
+        if name in FT_FEEDBACK:  # the validation batches of FT_COMMON's evaluations
+            infer_plain(name, out, "--stages", "2", "--data", "austen", "--micro-batch", "2", "--ppl-batches", "16")
+        elif name in FEEDBACK:
             infer_plain(name, out, "--stages", "4", "--data", "shakespeare", "--ppl-batches", "32")
 
 

@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("--tokenizer", default=None, help="'gpt2' or a tokenizer folder (default: the checkpoint's)")
     ap.add_argument("--data", default="austen", help="corpus name, .txt file/folder, or .jsonl")
     ap.add_argument("--val-fraction", type=float, default=0.02)
+    ap.add_argument("--train-sequences", type=int, default=0,
+                    help="train on the first N sequences only (a small set seen for several epochs); 0 = all")
     train.add_args(ap, steps=100, lr=5e-5)
     args = ap.parse_args()
     train.init_distributed()
@@ -44,6 +46,11 @@ def main() -> None:
         return data.sft_datasets(Path(args.data), tok, args.seq_len, args.val_fraction)
 
     train_ds, val_ds = train.rank0_first(load)
+    if args.train_sequences:
+        if not 0 < args.train_sequences <= len(train_ds):
+            raise SystemExit(f"--train-sequences {args.train_sequences}: the training set has {len(train_ds)} sequences "
+                             f"of {args.seq_len} tokens; accepted: 1..{len(train_ds)}, or 0 for all")
+        train_ds = train_ds.select(range(args.train_sequences))
     torch.manual_seed(args.seed)  # weights depend on --seed only (not on what ran before, e.g. a cold cache)
     module = pipeline_module(cfg, args.stages, checkpoint=ckpt)
     meta = {**cfg.to_dict(), "tokenizer": args.tokenizer or str(ckpt), "base_checkpoint": str(ckpt)}

@@ -136,3 +136,16 @@ def test_unknown_model_args_are_an_error_naming_the_accepted_ones(run_dir):
     with pytest.raises(ValueError, match=r"unknown pp_compress model_args \['compres'\]; accepted: checkpoint, compress"):
         PPCompressLM(checkpoint=str(out), compres="int8")
     PPCompressLM(checkpoint=str(out), stages=2, device="cpu", max_batch_size=None)  # lm-eval's own additions pass
+
+
+def test_long_continuations_are_scored_in_pieces_by_the_chain_rule(run_dir):
+    out, _ = run_dir
+    lm = PPCompressLM(checkpoint=str(out), compress="none", stages=2)
+    assert lm.max_length == 32
+    ctx, cont = list(range(5, 12)), list(range(40, 64))  # 7 + 24 tokens: fits one window, longer than half of one
+    whole = lm._score_fitting([(ctx, cont)])[0]
+    pieces = lm._score([(ctx, cont)])[0]  # two pieces of 16 and 8, each seeing all that came before
+    assert math.isclose(pieces[0], whole[0], rel_tol=1e-5) and pieces[1] == whole[1]
+    very_long = list(range(100, 180))  # 80 tokens: more than a window, which the single pass could not score
+    ll, _ = lm._score([(ctx, very_long)])[0]
+    assert math.isfinite(ll) and ll < 0

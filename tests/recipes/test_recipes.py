@@ -97,9 +97,13 @@ def test_finetune_loads_a_llama_checkpoint_per_stage(tmp_path):
     out = tmp_path / "ft"
     ok(*run_job(ROOT / "recipes/finetune.py", 2, "--checkpoint", str(ckpt), "--tokenizer", "gpt2", "--data", str(sft),
                 "--seq-len", "16", "--micro-batch", "2", "--grad-accum", "2", "--steps", "3", "--log-every", "1",
-                "--eval-batches", "1", "--lr", "1e-3", "--val-fraction", "0.2", "--bf16", "--pp-compress", "act=topk:0.5+aqsgd,grad=int8", "--out", str(out)))
+                "--eval-batches", "1", "--lr", "1e-3", "--val-fraction", "0.2", "--bf16", "--pp-compress", "act=topk:0.5+aqsgd,grad=int8",
+                "--train-sequences", "4", "--out", str(out)))
     train = rows(out, "train")
     assert len(train) == 3 and all(math.isfinite(r["loss"]) for r in train)
+    # --train-sequences 4 with 4 sequences a step: every step is one epoch. AQ-SGD sends the first visit raw, later
+    # visits as compressed deltas
+    assert train[0]["act_ratio"] < 1.01 and all(r["act_ratio"] > 1.5 for r in train[1:])
     assert json.loads((out / "run.json").read_text())["model"]["base_checkpoint"] == str(ckpt)
 
 
