@@ -183,6 +183,16 @@ def headline(rows: list[dict[str, Any]]) -> list[str]:
             f"{_fmt_steps(best['steps_to_target'])} of 1,000. Time-to-target speedup: {speed}."]
 
 
+def _save(fig: Any, ax: Any, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot(rows: list[dict[str, Any]], where: Path) -> list[str]:
     """quality_vs_bits.png and speedup_vs_r.png in `where`; returns their stems."""
     import matplotlib
@@ -200,11 +210,7 @@ def plot(rows: list[dict[str, Any]], where: Path) -> list[str]:
         ax.annotate(r["name"], (r["bits_avg"], r["delta"]), fontsize=6)
     ax.set(xscale="log", xlabel="bits per element on the wire (mean of forward and backward; fp32 = 32)",
            ylabel="final validation loss - baseline", title="quality vs bits (1,000 steps; green: within the noise floor)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(where / "quality_vs_bits.png", dpi=110)
-    plt.close(fig)
+    _save(fig, ax, where / "quality_vs_bits.png")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     links = link_order(rows)
     for i, r in enumerate(x for x in rows if x["name"] != "base" and x["steps_to_target"] is not None):
@@ -214,11 +220,7 @@ def plot(rows: list[dict[str, Any]], where: Path) -> list[str]:
     ax.axhline(1.0, color="0.5", lw=0.8)
     ax.set(xscale="log", xlabel="comm/compute ratio r of the link (uncompressed run)",
            ylabel="time-to-target speedup vs uncompressed", title="wall-clock to the baseline's final loss")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(where / "speedup_vs_r.png", dpi=110)
-    plt.close(fig)
+    _save(fig, ax, where / "speedup_vs_r.png")
     return ["quality_vs_bits", "speedup_vs_r"]
 
 
