@@ -11,9 +11,10 @@ the varying characters per token; `check_held_out` verifies it for a tokenizer).
     ppc_<corpus>_ppl        loglikelihood_rolling over passages of ~1,000 characters: word/byte perplexity, bits/byte
     ppc_<corpus>_nextline   multiple choice: three lines of verse/prose, which of 4 lines comes next (1 true,
                             3 drawn from other held-out places); acc, acc_norm; chance = 0.25
-    ppc_<corpus>_wordorder  multiple choice: after two lines, which of 4 orderings of the next line's words is
-                            the real one (the other 3 are shuffles); acc; chance = 0.25. Word order is what
-                            small models learn first, so they score clearly above chance here
+    ppc_<corpus>_wordorder  multiple choice: after two lines, which of 4 versions of the next line is the real one
+                            (each other version swaps one pair of neighbouring words); acc; chance = 0.25. Local
+                            word order is what small models learn first, so they score clearly above chance here,
+                            and a single swap keeps it from being trivially easy (full shuffles are)
     ppc_<corpus>_lastword   LAMBADA-style: a passage without its last word; is the word the greedy
                             continuation (acc), and its perplexity
 """
@@ -76,20 +77,18 @@ def _lines(tails: list[str]) -> list[list[str]]:
     return [[ln.strip() for ln in t.splitlines() if len(ln.strip().split()) >= 3] for t in tails]
 
 
-def _shuffles(line: str, rng: random.Random, k: int) -> list[str] | None:
-    """k distinct orderings of the line's words, none the original (None if the line has too few words)."""
+def _swaps(line: str, rng: random.Random, k: int) -> list[str] | None:
+    """k variants of the line, each with one pair of neighbouring words swapped (None if the line has too few words)."""
     words = line.split()
-    if len(words) < 5:
+    spots = [i for i in range(len(words) - 1) if words[i] != words[i + 1]]
+    if len(words) < 5 or len(spots) < k:
         return None
-    seen, out = {line}, []
-    for _ in range(50):
-        cand = " ".join(rng.sample(words, len(words)))
-        if cand not in seen:
-            seen.add(cand)
-            out.append(cand)
-            if len(out) == k:
-                return out
-    return None
+    out = []
+    for i in rng.sample(spots, k):
+        w = list(words)
+        w[i], w[i + 1] = w[i + 1], w[i]
+        out.append(" ".join(w))
+    return out if len(set(out)) == k and line not in out else None
 
 
 def build(corpus: str, out: Path, seed: int = 0, frac: float = DEFAULT) -> list[str]:
@@ -110,11 +109,11 @@ def build(corpus: str, out: Path, seed: int = 0, frac: float = DEFAULT) -> list[
             wrong = rng.sample([ln for ln in pool if ln != true], 3)
             label = rng.randrange(4)
             nextline.append({"context": ctx + "\n", "choices": wrong[:label] + [true] + wrong[label:], "label": label})
-            shuffled = _shuffles(true, rng, 3)
-            if shuffled is not None:
+            variants = _swaps(true, rng, 3)
+            if variants is not None:
                 label = rng.randrange(4)
                 wordorder.append({"context": "\n".join(lines[i + 1:i + 3]) + "\n",
-                                  "choices": shuffled[:label] + [true] + shuffled[label:], "label": label})
+                                  "choices": variants[:label] + [true] + variants[label:], "label": label})
             words = re.sub(r"[^\w\s']+$", "", "\n".join(lines[i:i + 4])).split(" ")
             if len(words) > 8 and words[-1].isalpha():
                 lastword.append({"context": " ".join(words[:-1]), "target": words[-1]})

@@ -26,7 +26,7 @@ def test_held_out_text_is_the_tail_of_every_file(monkeypatch):
         assert all(x.endswith(t) for x, t in zip(texts, tails))
 
 
-def test_word_order_choices_are_shuffles_of_the_true_line(tmp_path):
+def test_word_order_choices_swap_one_pair_of_neighbouring_words(tmp_path):
     names = tasks.build("fixture", tmp_path)
     assert names == [f"ppc_fixture_{k}" for k in ("ppl", "nextline", "wordorder", "lastword")]
     docs = [json.loads(x) for x in (tmp_path / "ppc_fixture_wordorder.jsonl").read_text().splitlines()]
@@ -35,6 +35,10 @@ def test_word_order_choices_are_shuffles_of_the_true_line(tmp_path):
     for d in docs:
         true = d["choices"][d["label"]]
         assert len(set(d["choices"])) == 4  # distinct: exactly one right answer
-        assert all(sorted(c.split()) == sorted(true.split()) for c in d["choices"])  # the same words, other orders
+        for c in d["choices"]:
+            a, b = c.split(), true.split()
+            diff = [i for i in range(len(a)) if a[i] != b[i]]
+            assert len(a) == len(b) and (diff == [] if c == true else len(diff) == 2 and diff[1] == diff[0] + 1
+                                         and (a[diff[0]], a[diff[1]]) == (b[diff[1]], b[diff[0]]))
         labels.add(d["label"])
     assert labels == {0, 1, 2, 3}  # the answer's position is drawn, not fixed
