@@ -28,6 +28,7 @@ documents of one trained with 0.02.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -38,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from eval.lm import PPCompressLM  # noqa: E402
 from eval.tasks import build, held_out_fraction, task_dir  # noqa: E402
+from recipes import data  # noqa: E402
 
 HIGHER_IS_BETTER = {"acc": True, "acc_norm": True, "ll": True, "bits_per_byte": False}
 RELATIVE = {"bits_per_byte"}  # margin relative to the baseline's mean; ll's is log(1 + rel) nats; acc's absolute
@@ -63,15 +65,36 @@ def per_doc(task: str, samples: list[dict[str, Any]]) -> dict[str, list[float]]:
     return {m: [float(s[m]) for s in rows] for m in ("acc", "acc_norm") if m in rows[0]}
 
 
-def evaluate(checkpoint: Path, spec: str, tasks: list[str], where: Path, stages: int, limit: int | None
-             ) -> dict[str, dict[str, list[float]]]:
+def cache_key(checkpoint: Path, spec: str, tasks: list[str], where: Path, stages: int, limit: int | None) -> str:
+    """What an evaluation depends on: the checkpoint (its files' names, sizes and times), the spec, the documents."""
+    h = hashlib.sha256(json.dumps([str(checkpoint.resolve()), spec, tasks, stages, limit]).encode())
+    weights = [*checkpoint.glob("*.json"), *checkpoint.glob("*.safetensors"), *checkpoint.glob("ckpt/**/*")]
+    for f in sorted(p for p in weights if p.is_file() and p.name not in ("summary.json", "infer_none.json")):
+        st = f.stat()
+        h.update(f"{f.relative_to(checkpoint)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    for t in tasks:
+        h.update((where / f"{t}.jsonl").read_bytes())
+    return h.hexdigest()[:24]
+
+
+def evaluate(checkpoint: Path, spec: str, tasks: list[str], where: Path, stages: int, limit: int | None,
+             cache: Path | None = None) -> dict[str, dict[str, list[float]]]:
+    """Per-document values per task and metric; reused from `cache` when nothing it depends on changed."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    hit = cache / f"{cache_key(checkpoint, spec, tasks, where, stages, limit)}.json" if cache else None
+    if hit is not None and hit.exists():
+        print(f"{checkpoint}@{spec}: cached ({hit})", file=sys.stderr)
+        return json.loads(hit.read_text())
     lm = PPCompressLM(checkpoint=str(checkpoint), compress=spec, stages=stages)
     res = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=TaskManager(include_path=str(where), include_defaults=False),
                                   limit=limit, bootstrap_iters=0, log_samples=True)
-    return {t: per_doc(t, res["samples"][t]) for t in tasks}
+    out = {t: per_doc(t, res["samples"][t]) for t in tasks}
+    if hit is not None:
+        hit.parent.mkdir(parents=True, exist_ok=True)
+        hit.write_text(json.dumps(out))
+    return out
 
 
 def margin_for(metric: str, baseline_mean: float, rel: float, acc: float) -> float:
@@ -111,7 +134,11 @@ def main() -> None:
     ap.add_argument("--margin-acc", type=float, default=0.01, help="accuracy margin, absolute (0.01 = 1 point)")
     ap.add_argument("--confidence", type=float, default=0.95, help="one-sided confidence of the upper bound")
     ap.add_argument("--out", type=Path, required=True, help="report path without suffix")
+    ap.add_argument("--cache", type=Path, default=data.CACHE / "parity",
+                    help="per-model results are kept here and reused while checkpoint, spec and documents are unchanged")
+    ap.add_argument("--no-cache", action="store_true")
     args = ap.parse_args()
+    cache = None if args.no_cache else args.cache
 
     def parse(arg: str, default: str | None) -> tuple[Path, str]:
         path, _, spec = arg.partition("@")
@@ -121,14 +148,14 @@ def main() -> None:
     frac = held_out_fraction(base_path)
     where = task_dir(frac)
     tasks = build(args.corpus, where, frac=frac)
-    base = evaluate(base_path, base_spec, tasks, where, args.stages, args.limit)
+    base = evaluate(base_path, base_spec, tasks, where, args.stages, args.limit, cache)
     report: dict[str, Any] = {"baseline": {"checkpoint": str(base_path), "compress": base_spec}, "held_out_fraction": frac,
                               "rule": {"kind": "non-inferiority", "confidence": args.confidence, "margin_rel": args.margin_rel,
                                        "margin_acc": args.margin_acc}, "candidates": []}
     failed = False
     for arg in args.candidate:
         path, spec = parse(arg, None)
-        cand = evaluate(path, spec, tasks, where, args.stages, args.limit)
+        cand = evaluate(path, spec, tasks, where, args.stages, args.limit, cache)
         rows = {f"{t}/{m}": compare(base[t][m], cand[t][m], HIGHER_IS_BETTER[m],
                                     margin_for(m, sum(base[t][m]) / len(base[t][m]), args.margin_rel, args.margin_acc), args.confidence)
                 for t in tasks for m in base[t]}

@@ -48,7 +48,7 @@ def test_lm_reproduces_the_pipelines_validation_loss(run_dir, monkeypatch):
 def test_parity_command_passes_identical_and_fails_broken_settings(run_dir, tmp_path):
     out, cache = run_dir
     env = {"PYTHONPATH": str(ROOT), "PP_COMPRESS_CACHE": str(cache), "HF_HOME": str(cache / "hf"), "PATH": "/usr/bin:/bin"}
-    cmd = [sys.executable, str(ROOT / "eval/parity.py"), "--baseline", str(out), "--corpus", "fixture", "--stages", "2",
+    cmd = [sys.executable, str(ROOT / "eval/parity.py"), "--baseline", str(out), "--corpus", "fixture", "--stages", "2", "--no-cache",
            "--limit", "30", "--out", str(tmp_path / "rep")]
     same = subprocess.run(cmd + ["--candidate", f"{out}@identity"], env=env, capture_output=True, text=True, timeout=600)
     assert same.returncode == 0, same.stdout[-2000:] + same.stderr[-2000:]
@@ -149,3 +149,25 @@ def test_long_continuations_are_scored_in_pieces_by_the_chain_rule(run_dir):
     very_long = list(range(100, 180))  # 80 tokens: more than a window, which the single pass could not score
     ll, _ = lm._score([(ctx, very_long)])[0]
     assert math.isfinite(ll) and ll < 0
+
+
+def test_evaluations_are_cached_until_the_checkpoint_or_documents_change(tmp_path):
+    from eval.parity import cache_key
+
+    run = tmp_path / "run"
+    (run / "ckpt" / "global_step4").mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    (run / "ckpt" / "global_step4" / "layer_01.pt").write_bytes(b"w1")
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "t.jsonl").write_text('{"text": "a"}\n')
+    key = cache_key(run, "int8", ["t"], tasks, 2, None)
+    (run / "summary.json").write_text("{}")  # logs written after training do not matter
+    assert cache_key(run, "int8", ["t"], tasks, 2, None) == key
+    assert cache_key(run, "int4", ["t"], tasks, 2, None) != key
+    assert cache_key(run, "int8", ["t"], tasks, 4, None) != key
+    (tasks / "t.jsonl").write_text('{"text": "b"}\n')
+    assert cache_key(run, "int8", ["t"], tasks, 2, None) != key
+    (tasks / "t.jsonl").write_text('{"text": "a"}\n')
+    (run / "ckpt" / "global_step4" / "layer_01.pt").write_bytes(b"w22")  # retrained
+    assert cache_key(run, "int8", ["t"], tasks, 2, None) != key
