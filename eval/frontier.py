@@ -15,8 +15,10 @@ Definitions (each computed here from logged numbers, nothing typed in):
   forward (activations) and backward (gradients), steady state (the last logged step, after any warm-up). A
   subspace run's k coordinates and token ids count against the dense d-wide tensor they replace. The wire ratio
   is the baseline's raw bytes per step / the run's wire bytes per step, averaged over the whole run.
-- loss rule: parity when the final validation loss is at most the baseline's plus its seed noise floor
-  |base - base-seed1|. lm-eval rule: eval/parity.py's non-inferiority verdict (all metrics), where it was run.
+- loss rule: parity when the final validation loss is at most the baseline's plus the tolerance: twice the
+  seed noise floor |base - base-seed1| (one more seed's deviation from the baseline is as noisy as that gap), at
+  least 0.02 nats (`tolerance`; eval/report.py's findings use the same rule). lm-eval rule: eval/parity.py's
+  non-inferiority verdict (all metrics), where it was run.
 """
 from __future__ import annotations
 
@@ -34,6 +36,12 @@ import pp_compress as ppc  # noqa: E402
 from eval.study import EXTRA, LONG, SEEDS  # noqa: E402
 
 RESULTS = ROOT / "eval" / "results"
+MIN_TOLERANCE = 0.02  # nats: below this, differences are too small to matter for any user
+
+
+def tolerance(seed_gap: float | None) -> float | None:
+    """How much worse than the baseline a final loss may be and still count as no loss: 2 x the seed gap, >= 0.02."""
+    return None if seed_gap is None else max(2 * seed_gap, MIN_TOLERANCE)
 
 
 def steps_to_target(evals: list[tuple[int, float]], target: float) -> float | None:
@@ -105,6 +113,7 @@ def frontier(runs: dict[str, dict[str, Any]], e2e: dict[str, dict[str, dict[str,
     target = base["final"]
     elem_bits = 32  # the study trains in fp32
     floor = abs(runs["base-seed1"]["final"] - target) if "base-seed1" in runs else None
+    tol = tolerance(floor)
     free = e2e.get("none", {}).get(e2e_key("none", []))
     base_steps = steps_to_target(base["evals"], target)
     out = []
@@ -127,9 +136,10 @@ def frontier(runs: dict[str, dict[str, Any]], e2e: dict[str, dict[str, dict[str,
         fwd, bwd = elem_bits * r["act_wire"] / base["act_raw"], elem_bits * r["grad_wire"] / base["grad_raw"]
         out.append({"name": name, "spec": spec, "options": options, "seed": SEEDS.get(name, 0),
                     "bits_fwd": fwd, "bits_bwd": bwd, "bits_avg": (fwd + bwd) / 2,
-                    "wire_ratio": (base["act_raw"] + base["grad_raw"]) / r["wire"], "final_val_loss": r["final"], "delta": delta, "noise_floor": floor,
+                    "wire_ratio": (base["act_raw"] + base["grad_raw"]) / r["wire"], "final_val_loss": r["final"], "delta": delta,
+                    "noise_floor": floor, "tolerance": tol,
                     "steps_to_target": steps, "links": links,
-                    "parity": {"loss_rule": None if floor is None else ("parity" if delta <= floor else "worse"),
+                    "parity": {"loss_rule": None if tol is None else ("parity" if delta <= tol else "worse"),
                                "lm_eval": verdicts.get(name)}})
     return out
 
@@ -148,13 +158,13 @@ def link_order(rows: list[dict[str, Any]]) -> list[tuple[str, float | None]]:
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """The frontier as a markdown table: bits, quality, verdicts, steps and speedup to target per link."""
     links = link_order(rows)
-    head = ["setting", "--pp-compress", "bits/elem fwd / bwd (avg)", "wire ratio", "final val loss", "delta (floor)",
+    head = ["setting", "--pp-compress", "bits/elem fwd / bwd (avg)", "wire ratio", "final val loss", "delta (tolerance)",
             "parity: loss / lm-eval", "steps to target",
             *(f"speedup {k} (r={r:.1f})" if r is not None else f"speedup {k}" for k, r in links)]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         spec = " ".join([f"`{r['spec']}`", *r["options"]])
-        floor = f" ({r['noise_floor']:.3f})" if r["noise_floor"] is not None else ""
+        floor = f" ({r['tolerance']:.3f})" if r["tolerance"] is not None else ""
         sp = [f"{r['links'][k]['speedup']:.2f}x" if k in r["links"] and r["links"][k]["speedup"] else
               ("never" if k in r["links"] else "") for k, _ in links]
         out.append(f"| {r['name']} | {spec} | {r['bits_fwd']:.2f} / {r['bits_bwd']:.2f} ({r['bits_avg']:.2f}) | "
@@ -176,10 +186,10 @@ def headline(rows: list[dict[str, Any]]) -> list[str]:
         return ["No compressed setting of the long study is at parity on both rules yet."]
     speed = ", ".join(f"{best['links'][k]['speedup']:.2f}x at r = {r:.1f} ({k})" for k, r in link_order(rows)
                       if k in best["links"] and best["links"][k]["speedup"] and r is not None)
-    return [f"Best setting at parity (final loss within the seed noise floor and lm-eval non-inferior): `{best['spec']}`"
+    return [f"Best setting at parity (final loss within the tolerance and lm-eval non-inferior): `{best['spec']}`"
             f"{' ' + ' '.join(best['options']) if best['options'] else ''}: {best['bits_avg']:.2f} bits per element "
             f"({best['wire_ratio']:.2f}x fewer bytes than fp32), final loss {best['delta']:+.3f} vs the baseline "
-            f"(noise floor {best['noise_floor']:.3f}), reaching the baseline's final loss at step "
+            f"(tolerance {best['tolerance']:.3f}, twice the seed gap), reaching the baseline's final loss at step "
             f"{_fmt_steps(best['steps_to_target'])} of 1,000. Time-to-target speedup: {speed}."]
 
 
@@ -202,14 +212,14 @@ def plot(rows: list[dict[str, Any]], where: Path) -> list[str]:
 
     where.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    floor = next((r["noise_floor"] for r in rows if r["noise_floor"] is not None), None)
-    if floor is not None:
-        ax.axhspan(-floor, floor, color="0.85", label=f"seed noise floor (+-{floor:.3f})")
+    tol = next((r["tolerance"] for r in rows if r["tolerance"] is not None), None)
+    if tol is not None:
+        ax.axhspan(-tol, tol, color="0.85", label=f"within the tolerance (2 x seed gap: +-{tol:.3f})")
     for r in rows:
         ax.scatter(r["bits_avg"], r["delta"], color="C2" if r["parity"]["loss_rule"] == "parity" else "C3")
         ax.annotate(r["name"], (r["bits_avg"], r["delta"]), fontsize=6)
     ax.set(xscale="log", xlabel="bits per element on the wire (mean of forward and backward; fp32 = 32)",
-           ylabel="final validation loss - baseline", title="quality vs bits (1,000 steps; green: within the noise floor)")
+           ylabel="final validation loss - baseline", title="quality vs bits (1,000 steps; green: within the tolerance)")
     _save(fig, ax, where / "quality_vs_bits.png")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     links = link_order(rows)

@@ -26,6 +26,12 @@ def test_time_to_target_and_the_comm_compute_ratio():
     assert fr.time_to_target(50.0, 0.5, warmup=100, warm_step_s=2.0) == 50 * 2.0
 
 
+def test_tolerance_is_twice_the_seed_gap_and_at_least_0_02():
+    assert fr.tolerance(0.031) == pytest.approx(0.062)
+    assert fr.tolerance(0.001) == 0.02
+    assert fr.tolerance(None) is None
+
+
 def test_e2e_key_ignores_warmup_and_spelling():
     assert fr.e2e_key("act=int4,grad=int3:stoch,warmup=100", []) == fr.e2e_key("act=int4,grad=int3:stoch", [])
     assert fr.e2e_key("int8", ["--subspace", "48"]) == fr.e2e_key("act=int8,grad=int8", ["--subspace", "48"])
@@ -57,7 +63,8 @@ def test_frontier_rows_combine_quality_and_link_times(monkeypatch):
     assert r8["steps_to_target"] == pytest.approx(950.0)
     assert r8["links"]["2mbit"]["speedup"] == pytest.approx(1000 * 11.0 / (950 * 3.0))
     assert r8["bits_fwd"] == 8.0 and r8["bits_bwd"] == 8.0 and r8["wire_ratio"] == 4.0
-    assert r8["noise_floor"] == pytest.approx(0.05) and r8["parity"] == {"loss_rule": "parity", "lm_eval": "parity"}
+    assert r8["noise_floor"] == pytest.approx(0.05) and r8["tolerance"] == pytest.approx(0.1)  # twice the seed gap
+    assert r8["parity"] == {"loss_rule": "parity", "lm_eval": "parity"}
     w = rows["act-int4_grad-int3stoch-warm100"]
     assert w["bits_avg"] == pytest.approx((4.0 + 3.0) / 2)
     assert w["links"]["2mbit"]["time_to_target_s"] == pytest.approx(100 * 11.0 + 900 * 2.0)  # warm-up at the uncompressed step time

@@ -109,7 +109,7 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
     assert text.index("## The long study") < text.index("## History: the short study")
     assert "| speedup 2mbit (r=10.0) |" in text
     steps = 2 + 0.5 / 0.51  # int8 crosses 4.0 between step 2 (4.5) and 3 (3.99)
-    assert f"| 8.00 / 8.00 (8.00) | 4.00x | 3.990 | -0.010 (0.020) | parity / not run | {steps:.0f} | {3 * 11.0 / (steps * 3.0):.2f}x |" in text
+    assert f"| 8.00 / 8.00 (8.00) | 4.00x | 3.990 | -0.010 (0.040) | parity / not run | {steps:.0f} | {3 * 11.0 / (steps * 3.0):.2f}x |" in text
     assert "| 1. Gradients are more sensitive than activations | not measured | not measured |" in text
     data = json.loads((res / "frontier.json").read_text())
     assert [r["name"] for r in data] == ["base", "base-seed1", "int8"]
