@@ -170,15 +170,19 @@ def describe(x: torch.Tensor) -> str:
             f"the top 1% of tokens hold {top_tokens:.1%} of ||x||^2 (this weights rel. error)")
 
 
+def bits_and_error(x: torch.Tensor, y: torch.Tensor, p: ppc.Payload) -> tuple[str, str]:
+    """Wire bits per element and the relative error ||x - y|| / ||x||, formatted for a table."""
+    return f"{p.nbytes * 8 / x.numel():.3f}", f"{((x.float() - y.float()).norm() / x.float().norm()).item():.3g}"
+
+
 def measure(spec: str, x: torch.Tensor) -> list[str]:
     op, ctx = ppc.build(spec), ppc.Context(sample_ids=torch.arange(x.shape[0]))
     torch.manual_seed(0)
     y, p = op.roundtrip(x, ctx)
     torch.manual_seed(0)
     _, p32 = op.roundtrip(x.float(), ctx)  # topk/randk/identity send values in the input dtype
-    err = ((x.float() - y.float()).norm() / x.float().norm()).item()
-    return [f"`{spec}`", f"{p.nbytes * 8 / x.numel():.3f}", f"{x.nbytes / p.nbytes:.2f}x",
-            f"{x.numel() * 4 / p32.nbytes:.2f}x", f"{err:.3g}"]
+    bits, err = bits_and_error(x, y, p)
+    return [f"`{spec}`", bits, f"{x.nbytes / p.nbytes:.2f}x", f"{x.numel() * 4 / p32.nbytes:.2f}x", err]
 
 
 def rot_row(spec: str, x: torch.Tensor) -> list[str]:
@@ -202,8 +206,7 @@ def seed_row(spec: str, x: torch.Tensor, g: torch.Tensor | None) -> list[str] | 
             op.compress(x, ctx)
             op.observe(g, ctx)
     y, p = op.roundtrip(x, ppc.Context(step=MD_ROUNDS, training=False))
-    err = ((x.float() - y.float()).norm() / x.float().norm()).item()
-    cells = [f"`{spec}`", f"{p.nbytes * 8 / x.numel():.3f}", f"{err:.3g}"]
+    cells = [f"`{spec}`", *bits_and_error(x, y, p)]
     if g is not None:
         gf = g.float()
         cells.append(f"{((gf * (x.float() - y.float())).abs().sum() / (gf * x.float()).abs().sum()).item():.3g}")
