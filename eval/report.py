@@ -40,10 +40,11 @@ GROUPS = {
     "feedback": ["base", "topk0.1", "topk0.1+ef", "topk0.1+ef21", "topk0.1+aqsgd"],
     "matched-bytes": ["base", "topk0.1", "randk0.13", "lowrank10"],
     "subspace": ["base", "int8", *(f"subspace{k}{t}" for k in (48, 24, 12) for t in ("", "-int8"))],
-    "frontier": [n for n in LONG if n not in FINDINGS_RUNS],
     "seed-operators": ["base", "int8", "act-int8_grad-nat", "act-int8_grad-nat4", "act-int8_grad-int4stoch", "act-topk0.2",
                        "act-topk0.2row", "act-mdtopk0.2", "act-mdtopk0.2wg", "act-mdtopk0.2gw", "act-mdtopk0.2st"],
 }
+LONG_GROUPS = {"frontier": [n for n in LONG if n not in FINDINGS_RUNS],
+               "topk-both": GROUPS["topk-both"], "feedback": GROUPS["feedback"]}
 
 
 def load(run: Path, settings: dict[str, str] | None = None) -> dict[str, Any] | None:
@@ -62,10 +63,10 @@ def load(run: Path, settings: dict[str, str] | None = None) -> dict[str, Any] | 
     return out
 
 
-def plots(runs: dict[str, dict], where: Path, ft: dict[str, dict]) -> list[str]:
-    where.mkdir(exist_ok=True)
+def plots(runs: dict[str, dict], where: Path, ft: dict[str, dict], groups: dict[str, list[str]] = GROUPS) -> list[str]:
+    where.mkdir(parents=True, exist_ok=True)
     made = []
-    groups = {**GROUPS, "finetune": list(FINETUNE)}
+    groups = {**groups, "finetune": list(FINETUNE)}
     for group, names in groups.items():
         runs_here = ft if group == "finetune" else runs
         present = [n for n in names if n in runs_here]
@@ -293,7 +294,8 @@ def findings_compared(old: Findings, new: Findings) -> list[str]:
 def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, dict], args: argparse.Namespace) -> list[str]:
     rel = args.out.parent
     rows = frontier.build(args.results / "long", args.e2e, args.results / "frontier.json")
-    made = frontier.plot(rows, rel / "plots" / "long") + [f for f in plots(long, rel / "plots" / "long", {}) if f != "quality_vs_bytes"]
+    made = frontier.plot(rows, rel / "plots" / "long")
+    made += [f for f in plots(long, rel / "plots" / "long", {}, LONG_GROUPS) if f != "quality_vs_bytes"]
     e2e_cmd = args.e2e.with_suffix(".md").read_text().splitlines()[0] if args.e2e.with_suffix(".md").exists() else ""
     return ["## The long study: 1,000 steps (the headline)", "",
             f"Every run: `recipes/pretrain.py {' '.join(LONG_COMMON)} --pp-compress SPEC` (plus the setting's own options) — "
