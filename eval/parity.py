@@ -14,8 +14,12 @@ mean delta is that of the per-document differences d (candidate - baseline, sign
 worse): SE = std(d) / sqrt(n). The candidate passes a metric when the one-sided upper confidence bound
 mean(d) + t_{conf, n-1} * SE (Student's t, scipy.stats; --confidence, default 95%) lies within the margin:
   bits_per_byte        1% of the baseline (--margin-rel)
-  ll (last-word log-likelihood, nats)   log(1.01): the word perplexity may rise by at most 1% (--margin-rel)
+  ll (last-word log-likelihood, nats)   log(1.05): the last word's perplexity may rise by at most 5% (--margin-ll)
   acc, acc_norm        1 point absolute (--margin-acc)
+The last-word margin is wider because one word's log-likelihood is far noisier per document than a whole
+passage's bits per byte: with the ~1,000 documents the held-out text yields, a 1% margin would fail a second seed
+of the baseline itself (its upper bound lands above 1%; eval/RESULTS.md shows the seed replicate's row), so it
+could not tell compression from chance. The margins were set on that replicate, before any candidate was judged.
 So a candidate must show that it is not worse by more than the margin; too few documents fail, they never
 pass by default. The exit code is 1 if any candidate fails on any metric.
 Per-document values: acc / acc_norm (0 or 1), lastword perplexity -> per-document log-likelihood, ppl ->
@@ -42,7 +46,7 @@ from eval.tasks import build, held_out_fraction, task_dir  # noqa: E402
 from recipes import data  # noqa: E402
 
 HIGHER_IS_BETTER = {"acc": True, "acc_norm": True, "ll": True, "bits_per_byte": False}
-RELATIVE = {"bits_per_byte"}  # margin relative to the baseline's mean; ll's is log(1 + rel) nats; acc's absolute
+RELATIVE = {"bits_per_byte"}  # margin relative to the baseline's mean; ll's is log(1 + margin_ll) nats; acc's absolute
 
 
 def trained_spec(checkpoint: Path) -> str:
@@ -97,12 +101,12 @@ def evaluate(checkpoint: Path, spec: str, tasks: list[str], where: Path, stages:
     return out
 
 
-def margin_for(metric: str, baseline_mean: float, rel: float, acc: float) -> float:
+def margin_for(metric: str, baseline_mean: float, rel: float, acc: float, ll: float = 0.05) -> float:
     """How much worse (in the metric's units, positive = worse) a candidate may be."""
     if metric in RELATIVE:
         return rel * abs(baseline_mean)
     if metric == "ll":
-        return math.log1p(rel)
+        return math.log1p(ll)
     if metric in ("acc", "acc_norm"):
         return acc
     raise ValueError(f"no margin rule for metric {metric!r}; known: {', '.join(HIGHER_IS_BETTER)}")
@@ -132,6 +136,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="documents per task (default all)")
     ap.add_argument("--margin-rel", type=float, default=0.01, help="bits/byte and perplexity margin, relative (0.01 = 1%%)")
     ap.add_argument("--margin-acc", type=float, default=0.01, help="accuracy margin, absolute (0.01 = 1 point)")
+    ap.add_argument("--margin-ll", type=float, default=0.05, help="last-word perplexity margin, relative (0.05 = 5%%)")
     ap.add_argument("--confidence", type=float, default=0.95, help="one-sided confidence of the upper bound")
     ap.add_argument("--out", type=Path, required=True, help="report path without suffix")
     ap.add_argument("--cache", type=Path, default=data.CACHE / "parity",
@@ -151,13 +156,14 @@ def main() -> None:
     base = evaluate(base_path, base_spec, tasks, where, args.stages, args.limit, cache)
     report: dict[str, Any] = {"baseline": {"checkpoint": str(base_path), "compress": base_spec}, "held_out_fraction": frac,
                               "rule": {"kind": "non-inferiority", "confidence": args.confidence, "margin_rel": args.margin_rel,
-                                       "margin_acc": args.margin_acc}, "candidates": []}
+                                       "margin_acc": args.margin_acc, "margin_ll": args.margin_ll}, "candidates": []}
     failed = False
     for arg in args.candidate:
         path, spec = parse(arg, None)
         cand = evaluate(path, spec, tasks, where, args.stages, args.limit, cache)
         rows = {f"{t}/{m}": compare(base[t][m], cand[t][m], HIGHER_IS_BETTER[m],
-                                    margin_for(m, sum(base[t][m]) / len(base[t][m]), args.margin_rel, args.margin_acc), args.confidence)
+                                    margin_for(m, sum(base[t][m]) / len(base[t][m]), args.margin_rel, args.margin_acc, args.margin_ll),
+                                    args.confidence)
                 for t in tasks for m in base[t]}
         failed |= any(r["verdict"] != "parity" for r in rows.values())
         report["candidates"].append({"checkpoint": str(path), "compress": spec, "metrics": rows})
@@ -165,8 +171,8 @@ def main() -> None:
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     lines = [f"# Parity report (non-inferiority)\n\nBaseline: `{base_path}` evaluated with `{base_spec}`; tasks from the held-out "
              f"{frac:.1%} of every file. A candidate passes a metric when the one-sided {args.confidence:.0%} upper confidence bound "
-             f"of its paired mean worsening is within the margin ({args.margin_rel:.0%} relative on bits/byte and perplexity, "
-             f"{100 * args.margin_acc:g} point on accuracy). 'worse by' and 'bound' are positive when the candidate is worse.\n",
+             f"of its paired mean worsening is within the margin ({args.margin_rel:.0%} relative on bits/byte, "
+             f"{args.margin_ll:.0%} on the last word's perplexity, {100 * args.margin_acc:g} point on accuracy). 'worse by' and 'bound' are positive when the candidate is worse.\n",
              "| candidate | compress | task/metric | n | baseline | candidate | delta | worse by | bound | margin | verdict |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in report["candidates"]:

@@ -123,7 +123,8 @@ def test_bound_is_the_one_sided_student_t_upper_bound():
 
 def test_margins_follow_the_stated_rule():
     assert margin_for("bits_per_byte", 2.5, rel=0.01, acc=0.01) == pytest.approx(0.025)
-    assert margin_for("ll", -9.7, rel=0.01, acc=0.01) == pytest.approx(math.log(1.01))  # perplexity may rise by 1%
+    assert margin_for("ll", -9.7, rel=0.01, acc=0.01) == pytest.approx(math.log(1.05))  # the word's perplexity: 5%
+    assert margin_for("ll", -9.7, rel=0.01, acc=0.01, ll=0.02) == pytest.approx(math.log(1.02))
     assert margin_for("acc", 0.3, rel=0.01, acc=0.01) == 0.01
     with pytest.raises(ValueError, match="no margin rule for metric 'f1'"):
         margin_for("f1", 0.5, rel=0.01, acc=0.01)
