@@ -72,3 +72,15 @@ def test_frontier_rows_combine_quality_and_link_times(monkeypatch):
     s = rows["slow"]
     assert s["steps_to_target"] is None and s["parity"]["loss_rule"] == "worse" and s["links"] == {}
     assert math.isclose(s["delta"], 0.5)
+
+
+def test_headline_is_the_fewest_bits_at_parity_on_both_rules(monkeypatch):
+    def row(name, bits, loss_rule, lm, ratio=None):
+        return {"name": name, "spec": name, "options": [], "bits_avg": bits, "wire_ratio": ratio or 32 / bits, "delta": 0.0,
+                "tolerance": 0.05, "steps_to_target": 900.0, "parity": {"loss_rule": loss_rule, "lm_eval": lm},
+                "links": {"2mbit": {"speedup": 32 / bits, "rate_mbit": 2.0, "r": 10.0}}}
+    rows = [row("base", 32, "parity", "baseline"), row("base-seed1", 32, "parity", "parity"),  # uncompressed: never the headline
+            row("int8", 8, "parity", "parity"), row("int4", 4, "parity", "worse"), row("int2", 2, "worse", None)]
+    text = fr.headline(rows)[0]
+    assert text.startswith("Best setting at parity") and "`int8`" in text and "4.00x at r = 10.0 (2mbit)" in text
+    assert fr.headline(rows[:2] + rows[3:]) == ["No compressed setting of the long study is at parity on both rules yet."]
