@@ -99,11 +99,11 @@ def load_run(run: Path) -> dict[str, Any] | None:
 
 
 def lm_eval_verdicts(path: Path) -> dict[str, str]:
-    """Run name -> "parity" / "worse" (worse if any metric fails), from an eval/parity.py report."""
+    """Run name -> "parity" / "worse" (worse if any gating metric fails), from an eval/parity.py report."""
     if not path.exists():
         return {}
     rep = json.loads(path.read_text())
-    return {Path(c["checkpoint"]).name: "parity" if all(m["verdict"] == "parity" for m in c["metrics"].values()) else "worse"
+    return {Path(c["checkpoint"]).name: "worse" if any(m["verdict"] == "worse" for m in c["metrics"].values()) else "parity"
             for c in rep["candidates"]}
 
 

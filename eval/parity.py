@@ -21,7 +21,9 @@ passage's bits per byte: with the ~1,000 documents the held-out text yields, a 1
 of the baseline itself (its upper bound lands above 1%; eval/RESULTS.md shows the seed replicate's row), so it
 could not tell compression from chance. The margins were set on that replicate, before any candidate was judged.
 So a candidate must show that it is not worse by more than the margin; too few documents fail, they never
-pass by default. The exit code is 1 if any candidate fails on any metric.
+pass by default. A multiple-choice accuracy whose baseline does not beat chance (exact binomial test, 1%) says
+nothing about either model: it is reported as "at chance" and does not gate. The exit code is 1 if any candidate
+is worse on any metric.
 Per-document values: acc / acc_norm (0 or 1), lastword perplexity -> per-document log-likelihood, ppl ->
 per-document bits per byte.
 
@@ -42,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from eval.lm import PPCompressLM  # noqa: E402
-from eval.tasks import build, held_out_fraction, task_dir  # noqa: E402
+from eval.tasks import CHANCE, build, held_out_fraction, task_dir  # noqa: E402
 from recipes import data  # noqa: E402
 
 HIGHER_IS_BETTER = {"acc": True, "acc_norm": True, "ll": True, "bits_per_byte": False}
@@ -112,8 +114,18 @@ def margin_for(metric: str, baseline_mean: float, rel: float, acc: float, ll: fl
     raise ValueError(f"no margin rule for metric {metric!r}; known: {', '.join(HIGHER_IS_BETTER)}")
 
 
-def compare(base: list[float], cand: list[float], higher: bool, margin: float, confidence: float = 0.95) -> dict[str, Any]:
-    """Paired non-inferiority: parity when the one-sided upper bound of the mean worsening is <= margin."""
+def above_chance(base: list[float], chance: float, alpha: float = 0.01) -> bool:
+    """Does the baseline's accuracy beat a uniform guess (one-sided exact binomial test at `alpha`)?"""
+    from scipy import stats
+
+    return stats.binomtest(round(sum(base)), len(base), chance, alternative="greater").pvalue < alpha
+
+
+def compare(base: list[float], cand: list[float], higher: bool, margin: float, confidence: float = 0.95,
+            chance: float | None = None) -> dict[str, Any]:
+    """Paired non-inferiority: parity when the one-sided upper bound of the mean worsening is <= margin. An accuracy
+    whose baseline does not beat chance (`chance` given) measures nothing: it is reported, verdict "at chance", and
+    does not gate."""
     from scipy import stats
 
     if len(base) != len(cand) or len(base) < 2:
@@ -124,7 +136,9 @@ def compare(base: list[float], cand: list[float], higher: bool, margin: float, c
     se = math.sqrt(sum((x - mean_w) ** 2 for x in worse) / (n - 1) / n)
     bound = mean_w + float(stats.t.ppf(confidence, n - 1)) * se
     return {"n": n, "baseline": sum(base) / n, "candidate": sum(cand) / n, "delta": sum(c - b for b, c in zip(base, cand)) / n,
-            "se": se, "worse_by": mean_w, "bound": bound, "margin": margin, "verdict": "parity" if bound <= margin else "worse"}
+            "se": se, "worse_by": mean_w, "bound": bound, "margin": margin,
+            "verdict": "at chance" if chance is not None and not above_chance(base, chance) else
+            "parity" if bound <= margin else "worse"}
 
 
 def main() -> None:
@@ -163,9 +177,9 @@ def main() -> None:
         cand = evaluate(path, spec, tasks, where, args.stages, args.limit, cache)
         rows = {f"{t}/{m}": compare(base[t][m], cand[t][m], HIGHER_IS_BETTER[m],
                                     margin_for(m, sum(base[t][m]) / len(base[t][m]), args.margin_rel, args.margin_acc, args.margin_ll),
-                                    args.confidence)
+                                    args.confidence, CHANCE.get(t.rsplit("_", 1)[-1]) if m.startswith("acc") else None)
                 for t in tasks for m in base[t]}
-        failed |= any(r["verdict"] != "parity" for r in rows.values())
+        failed |= any(r["verdict"] == "worse" for r in rows.values())
         report["candidates"].append({"checkpoint": str(path), "compress": spec, "metrics": rows})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))

@@ -36,6 +36,7 @@ HELD_OUT = {"fixture": 0.3}  # per corpus, overriding F. The committed fixture i
 DEFAULT = 0.015
 MARGIN = 0.005
 DEFAULT_DIR = data.CACHE / "eval_tasks"
+CHANCE = {"nextline": 0.25, "wordorder": 0.25}  # accuracy of a uniform guess, per multiple-choice task
 
 
 def held_out_fraction(checkpoint: Path) -> float:
@@ -109,14 +110,15 @@ def build(corpus: str, out: Path, seed: int = 0, frac: float = DEFAULT) -> list[
             wrong = rng.sample([ln for ln in pool if ln != true], 3)
             label = rng.randrange(4)
             nextline.append({"context": ctx + "\n", "choices": wrong[:label] + [true] + wrong[label:], "label": label})
-            variants = _swaps(true, rng, 3)
-            if variants is not None:
-                label = rng.randrange(4)
-                wordorder.append({"context": "\n".join(lines[i + 1:i + 3]) + "\n",
-                                  "choices": variants[:label] + [true] + variants[label:], "label": label})
             words = re.sub(r"[^\w\s']+$", "", "\n".join(lines[i:i + 4])).split(" ")
             if len(words) > 8 and words[-1].isalpha():
                 lastword.append({"context": " ".join(words[:-1]), "target": words[-1]})
+        for i in range(2, len(lines)):  # every line is an item: its accuracy differences are rare, so n must be large
+            variants = _swaps(lines[i], rng, 3)
+            if variants is not None:
+                label = rng.randrange(4)
+                wordorder.append({"context": "\n".join(lines[i - 2:i]) + "\n",
+                                  "choices": variants[:label] + [lines[i]] + variants[label:], "label": label})
     rows = {"ppl": ppl, "nextline": nextline, "wordorder": wordorder, "lastword": lastword}
     specs = {
         "ppl": {"output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",

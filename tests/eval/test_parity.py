@@ -172,3 +172,15 @@ def test_evaluations_are_cached_until_the_checkpoint_or_documents_change(tmp_pat
     (tasks / "t.jsonl").write_text('{"text": "a"}\n')
     (run / "ckpt" / "global_step4" / "layer_01.pt").write_bytes(b"w22")  # retrained
     assert cache_key(run, "int8", ["t"], tasks, 2, None) != key
+
+
+def test_an_accuracy_at_chance_is_reported_but_does_not_gate():
+    from eval.parity import above_chance
+
+    at_chance = [1.0] * 25 + [0.0] * 75  # 25% on a 4-way task
+    clearly_above = [1.0] * 60 + [0.0] * 40
+    assert not above_chance(at_chance, 0.25) and above_chance(clearly_above, 0.25)
+    worse = [0.0] * 100
+    assert compare(at_chance, worse, True, 0.01, chance=0.25)["verdict"] == "at chance"
+    assert compare(clearly_above, worse, True, 0.01, chance=0.25)["verdict"] == "worse"
+    assert compare(at_chance, worse, True, 0.01)["verdict"] == "worse"  # no chance level given: it gates
