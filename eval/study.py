@@ -85,6 +85,8 @@ LONG: dict[str, str] = {
     "base": "none", "base-seed1": "none", "int8": "int8",
     "act-int4_grad-int3stoch": "act=int4,grad=int3:stoch",  # <= 4 bits per element averaged over both directions
     "subspace48-int8": "int8",
+    "act-int8_grad-int3stoch": "act=int8,grad=int3:stoch",  # which direction costs: int3 gradients alone
+    "act-int5_grad-int3stoch": "act=int5,grad=int3:stoch",  # one more activation bit (4.08 bits averaged)
     "act-int4_grad-int4stoch": "act=int4,grad=int4:stoch",
     "act-int4_grad-int3stoch-warm100": "act=int4,grad=int3:stoch,warmup=100",  # the anchors' uncompressed warm-up
     "act-int3rot_grad-int4stoch": "act=int3:rot,grad=int4:stoch",
