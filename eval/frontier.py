@@ -36,6 +36,7 @@ import pp_compress as ppc  # noqa: E402
 from eval.study import EXTRA, LONG, SEEDS  # noqa: E402
 
 RESULTS = ROOT / "eval" / "results"
+E2E = [ROOT / "benchmarks" / "results" / f"e2e_frontier{s}.csv" for s in ("", "_more")]  # the second: settings added later
 MIN_TOLERANCE = 0.02  # nats: below this, differences are too small to matter for any user
 
 
@@ -107,31 +108,41 @@ def lm_eval_verdicts(path: Path) -> dict[str, str]:
             for c in rep["candidates"]}
 
 
-def frontier(runs: dict[str, dict[str, Any]], e2e: dict[str, dict[str, dict[str, Any]]], verdicts: dict[str, str]
+def link_times(e2e: dict[str, dict[str, dict[str, Any]]], key: str, steps: float | None, base_steps: float | None,
+               warmup: int) -> dict[str, dict[str, Any]]:
+    """Per link of one e2e run: the setting's step time, time to target and speedup, and the link's r, all against
+    that run's own uncompressed rows (side by side)."""
+    none_key = e2e_key("none", [])
+    free = e2e.get("none", {}).get(none_key)
+    links = {}
+    for link, rows in e2e.items():
+        mine, none = rows.get(key), rows.get(none_key)
+        if mine is None or none is None:
+            continue
+        t = time_to_target(steps, mine["step_s"], warmup, none["step_s"])
+        t_base = time_to_target(base_steps, none["step_s"])
+        links[link] = {"rate_mbit": mine["rate_mbit"], "latency_ms": mine["latency_ms"],
+                       "r": comm_ratio(none["step_s"], free["step_s"]) if free else None,
+                       "step_s": mine["step_s"], "time_to_target_s": t, "speedup": t_base / t if t and t_base else None}
+    return links
+
+
+def frontier(runs: dict[str, dict[str, Any]], e2e: list[dict[str, dict[str, dict[str, Any]]]], verdicts: dict[str, str]
              ) -> list[dict[str, Any]]:
+    """One row per run. `e2e` holds one or more e2e runs (link -> key -> row); a setting takes its step times from the
+    first one that measured it."""
     base = runs["base"]
     target = base["final"]
     elem_bits = 32  # the study trains in fp32
     floor = abs(runs["base-seed1"]["final"] - target) if "base-seed1" in runs else None
     tol = tolerance(floor)
-    free = e2e.get("none", {}).get(e2e_key("none", []))
     base_steps = steps_to_target(base["evals"], target)
     out = []
     for name, r in runs.items():
         spec, options = LONG[name], EXTRA.get(name, [])
         warmup = ppc.parse_spec(spec).warmup_steps
         steps = steps_to_target(r["evals"], target)
-        links = {}
-        for link, rows in e2e.items():
-            mine, none = rows.get(e2e_key(spec, options)), rows.get(e2e_key("none", []))
-            if mine is None or none is None:
-                continue
-            t = time_to_target(steps, mine["step_s"], warmup, none["step_s"])
-            t_base = time_to_target(base_steps, none["step_s"])
-            links[link] = {"rate_mbit": mine["rate_mbit"], "latency_ms": mine["latency_ms"],
-                           "r": comm_ratio(none["step_s"], free["step_s"]) if free else None,
-                           "step_s": mine["step_s"], "time_to_target_s": t,
-                           "speedup": t_base / t if t and t_base else None}
+        links = next((t for run in e2e if (t := link_times(run, e2e_key(spec, options), steps, base_steps, warmup))), {})
         delta = r["final"] - target
         fwd, bwd = elem_bits * r["act_wire"] / base["act_raw"], elem_bits * r["grad_wire"] / base["grad_raw"]
         out.append({"name": name, "spec": spec, "options": options, "seed": SEEDS.get(name, 0),
@@ -234,14 +245,15 @@ def plot(rows: list[dict[str, Any]], where: Path) -> list[str]:
     return ["quality_vs_bits", "speedup_vs_r"]
 
 
-def build(results: Path, e2e: Path, out: Path) -> list[dict[str, Any]]:
+def build(results: Path, e2e: list[Path], out: Path) -> list[dict[str, Any]]:
     """frontier.json from the long study's logs, the e2e step times and the parity report (if run)."""
     runs = {n: r for n in LONG if (r := load_run(results / n))}
     if "base" not in runs:
         raise SystemExit(f"no baseline run in {results}: run `python eval/study.py --protocol long --only base` first")
-    if not e2e.exists():
-        raise SystemExit(f"no step times in {e2e}: run benchmarks/e2e.py (its command is in {e2e.with_suffix('.md').name})")
-    rows = frontier(runs, load_e2e(e2e), lm_eval_verdicts(results / "parity.json"))
+    missing = [str(p) for p in e2e if not p.exists()]
+    if missing:
+        raise SystemExit(f"no step times in {', '.join(missing)}: run benchmarks/e2e.py (its command heads each .md)")
+    rows = frontier(runs, [load_e2e(p) for p in e2e], lm_eval_verdicts(results / "parity.json"))
     out.write_text(json.dumps(rows, indent=1))
     return rows
 
@@ -249,7 +261,7 @@ def build(results: Path, e2e: Path, out: Path) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=Path, default=RESULTS / "long")
-    ap.add_argument("--e2e", type=Path, default=ROOT / "benchmarks" / "results" / "e2e_frontier.csv")
+    ap.add_argument("--e2e", type=Path, nargs="+", default=E2E, help="e2e.py CSVs; a setting uses the first that measured it")
     ap.add_argument("--out", type=Path, default=RESULTS / "frontier.json")
     args = ap.parse_args()
     rows = build(args.results, args.e2e, args.out)

@@ -296,7 +296,7 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
     rows = frontier.build(args.results / "long", args.e2e, args.results / "frontier.json")
     made = frontier.plot(rows, rel / "plots" / "long")
     made += [f for f in plots(long, rel / "plots" / "long", {}, LONG_GROUPS) if f != "quality_vs_bytes"]
-    e2e_cmd = args.e2e.with_suffix(".md").read_text().splitlines()[0] if args.e2e.with_suffix(".md").exists() else ""
+    cmds = [p.with_suffix(".md").read_text().splitlines()[0].removeprefix("Command: ") for p in args.e2e if p.with_suffix(".md").exists()]
     return ["## The long study: 1,000 steps (the headline)", "",
             f"Every run: `recipes/pretrain.py {' '.join(LONG_COMMON)} --pp-compress SPEC` (plus the setting's own options) — "
             f"the same model, data and pipeline as the short study below, 2.0M tokens (1.3 epochs), 5% of every file "
@@ -305,7 +305,8 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
             "### The frontier (`eval/results/frontier.json`)", "",
             "Time to target = steps to reach the baseline's final validation loss (interpolated on the validation curve) x "
             "the setting's step time over the link, measured by `benchmarks/e2e.py` on the same 4-stage pipeline "
-            f"({e2e_cmd.removeprefix('Command: ')}; untied embeddings, so the links carry pipeline traffic only). "
+            f"({'; then '.join(cmds)}; untied embeddings, so the links carry pipeline traffic only; a setting takes its step "
+            "times from the first of these runs that measured it, against that run's own uncompressed rows). "
             "Speedup = the baseline's time to target / the setting's. r = (uncompressed step time over the link - "
             "unthrottled) / unthrottled. Bits per element count wire bits against the dense fp32 boundary tensors. "
             "The loss rule: final loss at most the baseline's plus the tolerance (twice the seed-to-seed gap, at least "
@@ -322,7 +323,7 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "study")
     ap.add_argument("--long-runs", type=Path, default=ROOT / "runs" / "study_long")
     ap.add_argument("--results", type=Path, default=ROOT / "eval" / "results")
-    ap.add_argument("--e2e", type=Path, default=ROOT / "benchmarks" / "results" / "e2e_frontier.csv")
+    ap.add_argument("--e2e", type=Path, nargs="+", default=frontier.E2E, help="e2e.py CSVs (eval/frontier.py)")
     ap.add_argument("--out", type=Path, default=ROOT / "eval" / "RESULTS.md")
     ap.add_argument("--from-results", action="store_true", help="rebuild from eval/results only")
     args = ap.parse_args()

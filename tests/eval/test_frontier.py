@@ -54,9 +54,12 @@ def test_frontier_rows_combine_quality_and_link_times(monkeypatch):
             "act-int4_grad-int3stoch-warm100": _run([(500, 5.0), (1000, 4.0)], 0.5, 0.375),
             "slow": _run([(500, 5.5), (1000, 4.5)], 0.25, 0.25)}
     none, int8, i43 = fr.e2e_key("none", []), fr.e2e_key("int8", []), fr.e2e_key("act=int4,grad=int3:stoch", [])
-    e2e = {"none": {none: {"step_s": 1.0, "rate_mbit": 0.0, "latency_ms": 0.0}, int8: {"step_s": 1.0, "rate_mbit": 0.0, "latency_ms": 0.0}},
-           "2mbit": {none: {"step_s": 11.0, "rate_mbit": 2.0, "latency_ms": 0.0}, int8: {"step_s": 3.0, "rate_mbit": 2.0, "latency_ms": 0.0},
-                     i43: {"step_s": 2.0, "rate_mbit": 2.0, "latency_ms": 0.0}}}
+    def row(step_s, rate):
+        return {"step_s": step_s, "rate_mbit": rate, "latency_ms": 0.0}
+    first = {"none": {none: row(1.0, 0), int8: row(1.0, 0)}, "2mbit": {none: row(11.0, 2), int8: row(3.0, 2)}}
+    # a later e2e run measured the int4/int3 spec, side by side with its own uncompressed rows
+    later = {"none": {none: row(1.1, 0), i43: row(1.0, 0)}, "2mbit": {none: row(12.1, 2), i43: row(2.0, 2)}}
+    e2e = [first, later]
     rows = {r["name"]: r for r in fr.frontier(runs, e2e, {"int8": "parity"})}
     b, r8 = rows["base"], rows["int8"]
     assert b["steps_to_target"] == 1000.0 and b["links"]["2mbit"]["speedup"] == 1.0 and b["links"]["2mbit"]["r"] == 10.0
@@ -67,10 +70,13 @@ def test_frontier_rows_combine_quality_and_link_times(monkeypatch):
     assert r8["parity"] == {"loss_rule": "parity", "lm_eval": "parity"}
     w = rows["act-int4_grad-int3stoch-warm100"]
     assert w["bits_avg"] == pytest.approx((4.0 + 3.0) / 2)
-    assert w["links"]["2mbit"]["time_to_target_s"] == pytest.approx(100 * 11.0 + 900 * 2.0)  # warm-up at the uncompressed step time
-    assert "none" not in w["links"]  # not measured on that link: no number rather than a guess
+    # from the later run: warm-up at that run's uncompressed step time, speedup and r against its own rows
+    assert w["links"]["2mbit"]["time_to_target_s"] == pytest.approx(100 * 12.1 + 900 * 2.0)
+    assert w["links"]["2mbit"]["speedup"] == pytest.approx(1000 * 12.1 / (100 * 12.1 + 900 * 2.0))
+    assert w["links"]["2mbit"]["r"] == pytest.approx(10.0)
+    assert rows["slow"]["links"] == {}  # measured nowhere: no number rather than a guess
     s = rows["slow"]
-    assert s["steps_to_target"] is None and s["parity"]["loss_rule"] == "worse" and s["links"] == {}
+    assert s["steps_to_target"] is None and s["parity"]["loss_rule"] == "worse"
     assert math.isclose(s["delta"], 0.5)
 
 

@@ -103,7 +103,7 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
         rows += [f"netns+tbf,{link},{rate},0,none,{none_s}", f"netns+tbf,{link},{rate},0,int8,{int8_s}"]
     e2e.write_text("\n".join(rows) + "\n")
     out = tmp_path / "RESULTS.md"
-    monkeypatch.setattr(sys, "argv", ["report.py", "--from-results", "--results", str(res), "--out", str(out), "--e2e", str(e2e)])
+    monkeypatch.setattr(sys, "argv", ["report.py", "--from-results", "--results", str(res), "--out", str(out), "--e2e", str(e2e)])  # one e2e run
     report.main()
     text = out.read_text()
     assert text.index("## The long study") < text.index("## History: the short study")
