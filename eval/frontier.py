@@ -149,7 +149,8 @@ def frontier(runs: dict[str, dict[str, Any]], e2e: list[dict[str, dict[str, dict
                     "bits_fwd": fwd, "bits_bwd": bwd, "bits_avg": (fwd + bwd) / 2,
                     "wire_ratio": (base["act_raw"] + base["grad_raw"]) / r["wire"], "final_val_loss": r["final"], "delta": delta,
                     "noise_floor": floor, "tolerance": tol,
-                    "steps_to_target": steps, "links": links,
+                    "steps_to_target": steps, "base_step_at_this_loss": steps_to_target(base["evals"], r["final"]),
+                    "links": links,
                     "parity": {"loss_rule": None if tol is None else ("parity" if delta <= tol else "worse"),
                                "lm_eval": "baseline" if name == "base" else verdicts.get(name)}})
     return out
@@ -170,7 +171,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     """The frontier as a markdown table: bits, quality, verdicts, steps and speedup to target per link."""
     links = link_order(rows)
     head = ["setting", "--pp-compress", "bits/elem fwd / bwd (avg)", "wire ratio", "final val loss", "delta (tolerance)",
-            "parity: loss / lm-eval", "steps to target",
+            "parity: loss / lm-eval", "steps to target", "baseline had this loss at step",
             *(f"speedup {k} (r={r:.1f})" if r is not None else f"speedup {k}" for k, r in links)]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -181,6 +182,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         out.append(f"| {r['name']} | {spec} | {r['bits_fwd']:.2f} / {r['bits_bwd']:.2f} ({r['bits_avg']:.2f}) | "
                    f"{r['wire_ratio']:.2f}x | {r['final_val_loss']:.3f} | {r['delta']:+.3f}{floor} | "
                    f"{r['parity']['loss_rule'] or ''} / {r['parity']['lm_eval'] or 'not run'} | {_fmt_steps(r['steps_to_target'])} | "
+                   f"{_fmt_steps(r['base_step_at_this_loss']) if r['base_step_at_this_loss'] is not None else '—'} | "
                    + " | ".join(sp) + " |")
     return out
 

@@ -2,7 +2,9 @@
 
 Grammar (one parser for the CLI flag, the DeepSpeed JSON and Python):
 
-    config     := spec | item ("," item)*          a bare spec (first item) sets both directions
+    config     := [preset ","] item ("," item)* | spec ("," item)*
+                                                   a bare spec (first item) sets both directions; a preset
+                                                   (pp_compress/presets.py: safe, aggressive) stands for its spec
     item       := key "=" value
     key        := act | grad | eval | warmup | min_numel | seed | nonfinite | b<N>.act | b<N>.grad
     spec       := op (">" op)* ["+" feedback]      e.g. topk:0.1>int8+ef
@@ -26,12 +28,14 @@ from .feedback import FEEDBACKS, WRAPPERS
 from .ops import op_configs
 from .ops.base import NONFINITE_POLICIES, Compressor, OpConfig, format_op
 from .ops.chain import Chain
+from .presets import PRESETS, expand
 
 SPEC_FORMS = "op[:args][>op[:args]][+ef|+ef21|+aqsgd], op one of: " + "; ".join(c.FORMS for c in op_configs())
 
 
 def _accepted() -> str:
-    return "accepted operators: " + "; ".join(c.FORMS for c in op_configs()) + "; feedback suffix: +" + ", +".join(FEEDBACKS)
+    return ("accepted operators: " + "; ".join(c.FORMS for c in op_configs()) + "; feedback suffix: +" + ", +".join(FEEDBACKS)
+            + "; or a preset: " + ", ".join(PRESETS))
 
 
 def _convert(raw: str, typ: Any, token: str, forms: str) -> Any:
@@ -291,10 +295,12 @@ class CompressionConfig:
 
 
 def parse_spec(text: str) -> CompressionConfig:
-    """`topk:0.1`, `act=int8,grad=topk:0.1+ef`, `act=int8,grad=int8,b2.grad=bf16,warmup=100`."""
+    """`topk:0.1`, `act=int8,grad=topk:0.1+ef`, `act=int8,grad=int8,b2.grad=bf16,warmup=100`, `safe`."""
     items = [t.strip() for t in text.split(",")]
     if not text.strip() or any(not t for t in items):
         raise ValueError(f"malformed pp_compress spec {text!r}: empty item; e.g. 'topk:0.1' or 'act=int8,grad=topk:0.1+ef'")
+    preset = items[0] if items[0] in PRESETS else None
+    items = expand(items)
     kwargs: dict[str, Any] = {}
     bounds: dict[int, dict[str, str]] = {}
     for i, item in enumerate(items):
@@ -305,7 +311,8 @@ def parse_spec(text: str) -> CompressionConfig:
         elif sep and key.strip() in _KEYS:
             name = _KEYS[key.strip()]
             if name in kwargs:
-                raise ValueError(f"{key.strip()!r} given twice in {text!r}")
+                raise ValueError(f"{key.strip()!r} given twice in {text!r}"
+                                 + (f" (the preset {preset!r} stands for {PRESETS[preset]!r})" if preset else ""))
             kwargs[name] = int(value) if name in _INT_FIELDS and value.strip().isdigit() else value.strip()
         elif i == 0:
             kwargs["activations"] = kwargs["gradients"] = item

@@ -77,6 +77,8 @@ def test_frontier_rows_combine_quality_and_link_times(monkeypatch):
     assert rows["slow"]["links"] == {}  # measured nowhere: no number rather than a guess
     s = rows["slow"]
     assert s["steps_to_target"] is None and s["parity"]["loss_rule"] == "worse"
+    assert s["base_step_at_this_loss"] == pytest.approx(500 + 0.5 / 1.0 * 500)  # the baseline had 4.5 at step 750
+    assert r8["base_step_at_this_loss"] is None  # better than the baseline ever was
     assert math.isclose(s["delta"], 0.5)
 
 

@@ -103,14 +103,30 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
         rows += [f"netns+tbf,{link},{rate},0,none,{none_s}", f"netns+tbf,{link},{rate},0,int8,{int8_s}"]
     e2e.write_text("\n".join(rows) + "\n")
     out = tmp_path / "RESULTS.md"
-    monkeypatch.setattr(sys, "argv", ["report.py", "--from-results", "--results", str(res), "--out", str(out), "--e2e", str(e2e)])  # one e2e run
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n{report.README_START}\nold table\n{report.README_END}\nafter\n")
+    monkeypatch.setattr(sys, "argv", ["report.py", "--from-results", "--results", str(res), "--out", str(out), "--e2e", str(e2e),
+                                      "--readme", str(readme)])
     report.main()
     text = out.read_text()
+    block = readme.read_text()
+    assert "old table" not in block and block.startswith("# x\n\nbefore\n") and block.endswith(f"{report.README_END}\nafter\n")
+    assert "| speedup 2mbit (r=10.0) |" in block and "**Headline.**" in block
     assert text.index("## The long study") < text.index("## History: the short study")
     assert "| speedup 2mbit (r=10.0) |" in text
     steps = 2 + 0.5 / 0.51  # int8 crosses 4.0 between step 2 (4.5) and 3 (3.99)
-    assert f"| 8.00 / 8.00 (8.00) | 4.00x | 3.990 | -0.010 (0.040) | parity / not run | {steps:.0f} | {3 * 11.0 / (steps * 3.0):.2f}x |" in text
+    assert f"| 8.00 / 8.00 (8.00) | 4.00x | 3.990 | -0.010 (0.040) | parity / not run | {steps:.0f} | — | {3 * 11.0 / (steps * 3.0):.2f}x |" in text
     assert "| 1. Gradients are more sensitive than activations | not measured | not measured |" in text
     data = json.loads((res / "frontier.json").read_text())
     assert [r["name"] for r in data] == ["base", "base-seed1", "int8"]
     assert (tmp_path / "plots" / "long" / "speedup_vs_r.png").stat().st_size > 0
+
+
+def test_readme_frontier_block_is_the_committed_frontier() -> None:
+    """The README's headline table is rendered from eval/results/frontier.json, never typed in."""
+    from eval import frontier
+
+    rows = json.loads((report.ROOT / "eval" / "results" / "frontier.json").read_text())
+    text = (report.ROOT / "README.md").read_text()
+    block = text.split(report.README_START, 1)[1].split(report.README_END, 1)[0]
+    assert block.strip() == "\n".join([*frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows))]).strip()

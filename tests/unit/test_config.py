@@ -102,3 +102,18 @@ def test_batch_dim_round_trips_and_is_checked():
     assert ppc.CompressionConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="batch_dim"):
         ppc.parse_spec("int8,batch_dim=-1")
+
+
+def test_presets_stand_for_their_spec_and_take_more_keys():
+    parse_spec = ppc.parse_spec
+    from pp_compress.presets import PRESETS
+
+    for name, spec in PRESETS.items():
+        cfg = parse_spec(name)
+        assert cfg == parse_spec(spec) and str(cfg) == str(parse_spec(spec))  # logs record what actually ran
+        assert parse_spec(str(cfg)) == cfg
+    assert parse_spec("safe,warmup=100").warmup_steps == 100
+    with pytest.raises(ValueError, match=r"'act' given twice in 'safe,act=int4' \(the preset 'safe' stands for"):
+        parse_spec("safe,act=int4")
+    with pytest.raises(ValueError, match=r"unknown operator 'safer'.*or a preset: safe, aggressive"):
+        parse_spec("safer")
