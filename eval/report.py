@@ -291,9 +291,25 @@ def findings_compared(old: Findings, new: Findings) -> list[str]:
     return lines + ["", new.lines()[0], "", *details]
 
 
+README_START, README_END = "<!-- frontier: written by eval/report.py -->", "<!-- frontier: end -->"
+
+
+def update_readme(readme: Path, rows: list[dict]) -> None:
+    """Replace the README's frontier block (between the markers) by the table and headline of these rows."""
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        raise SystemExit(f"{readme} has no frontier block: add the lines {README_START!r} and {README_END!r} where it goes")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    block = ["", *frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows)), ""]
+    readme.write_text(head + README_START + "\n".join(block) + "\n" + README_END + tail)
+
+
 def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, dict], args: argparse.Namespace) -> list[str]:
     rel = args.out.parent
     rows = frontier.build(args.results / "long", args.e2e, args.results / "frontier.json")
+    if args.readme is not None:
+        update_readme(args.readme, rows)
     made = frontier.plot(rows, rel / "plots" / "long")
     made += [f for f in plots(long, rel / "plots" / "long", {}, LONG_GROUPS) if f != "quality_vs_bytes"]
     cmds = [p.with_suffix(".md").read_text().splitlines()[0].removeprefix("Command: ") for p in args.e2e if p.with_suffix(".md").exists()]
@@ -326,6 +342,8 @@ def main() -> None:
     ap.add_argument("--e2e", type=Path, nargs="+", default=frontier.E2E, help="e2e.py CSVs (eval/frontier.py)")
     ap.add_argument("--out", type=Path, default=ROOT / "eval" / "RESULTS.md")
     ap.add_argument("--from-results", action="store_true", help="rebuild from eval/results only")
+    ap.add_argument("--readme", type=Path, default=ROOT / "README.md", help="whose frontier block to rewrite")
+    ap.add_argument("--no-readme", dest="readme", action="store_const", const=None)
     args = ap.parse_args()
     if not args.from_results:
         copy_runs(args.runs, args.results)
