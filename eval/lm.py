@@ -17,7 +17,6 @@ the next stage sees is what it would receive over the wire. `compress=none` is t
 from __future__ import annotations
 
 import inspect
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,9 +49,8 @@ def stage_cuts(cfg: GPTConfig, stages: int) -> list[int]:
 def load_model(checkpoint: str | Path) -> tuple[GPT, Any, int]:
     """(model, tokenizer, trained sequence length) of a recipe run directory or a transformers folder."""
     checkpoint = Path(checkpoint)
-    run = checkpoint / "run.json"
-    if run.exists():
-        info = json.loads(run.read_text())
+    info = data.run_record(checkpoint)
+    if info is not None:
         meta = dict(info["model"])
         tok = data.run_tokenizer(checkpoint, meta.pop("tokenizer"))
         meta.pop("base_checkpoint", None)

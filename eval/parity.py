@@ -52,12 +52,12 @@ RELATIVE = {"bits_per_byte"}  # margin relative to the baseline's mean; ll's is 
 
 
 def trained_spec(checkpoint: Path) -> str:
-    run = checkpoint / "run.json"
-    if not run.exists():
+    record = data.run_record(checkpoint)
+    if record is None:
         return "none"
     import pp_compress as ppc
 
-    cfg = ppc.parse_spec(json.loads(run.read_text())["pp_compress"])
+    cfg = ppc.parse_spec(record["pp_compress"])
     return str(cfg.spec_for(0, "act", training=False))
 
 

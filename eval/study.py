@@ -13,7 +13,6 @@ without compression at inference (recipes/infer.py, `--pp-compress none`, the sa
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -108,9 +107,16 @@ FT_EP_COMMON = ["--stages", "2", "--data", "austen", "--train-sequences", "32", 
                 "--micro-batch", "2", "--grad-accum", "2", "--eval-every", "8", "--eval-batches", "8", "--log-every", "4",
                 "--lr", "5e-5", "--seed", "0", "--save-every", "16"]
 LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
+# The long study's run order: what a session can finish first is what the issue's goals need most (a <= 4-bit
+# candidate, AQ-SGD's multi-epoch deltas, one run per family, the findings' core), then the rest.
+LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace48-int8", "act-int8_grad-int3stoch",
+              "act-int5_grad-int3stoch", "act-int4_grad-int3stoch-warm100", "ft-ep-base", "ft-ep-act-int4+aqsgd", "topk0.1",
+              "act-topk0.3row-int8+ef_grad-int8", "act-lowrank8+ef21_grad-int8", "ft-ep-act-int4", "topk0.1+ef",
+              "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.1+aqsgd", "ft-ep-act-int2+aqsgd", "topk0.2", "topk0.3",
+              "act-int4_grad-int4stoch", "act-int3rot_grad-int4stoch", "subspace48"]
+assert sorted(LONG_ORDER) == sorted([*LONG, *FT_EPOCHS]), "every long setting runs exactly once"
 # protocol -> (names in run order, where the runs go)
-PROTOCOLS = {"short": (list(SETTINGS), ROOT / "runs" / "study"),
-             "long": ([n for n in LONG if n not in FINDINGS_RUNS] + list(FT_EPOCHS) + list(FINDINGS_RUNS), ROOT / "runs" / "study_long")}
+PROTOCOLS = {"short": (list(SETTINGS), ROOT / "runs" / "study"), "long": (LONG_ORDER, ROOT / "runs" / "study_long")}
 
 
 def job(name: str, protocol: str) -> tuple[str, int, list[str], str]:

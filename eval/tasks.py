@@ -33,19 +33,18 @@ sys.path.insert(0, str(ROOT))
 from recipes import data  # noqa: E402
 
 HELD_OUT = {"fixture": 0.3}  # per corpus, overriding F. The committed fixture is tiny: its tasks overlap training
-DEFAULT = 0.015
 MARGIN = 0.005
+DEFAULT = round(data.VAL_FRACTION - MARGIN, 6)
 DEFAULT_DIR = data.CACHE / "eval_tasks"
 CHANCE = {"nextline": 0.25, "wordorder": 0.25}  # accuracy of a uniform guess, per multiple-choice task
 
 
 def held_out_fraction(checkpoint: Path) -> float:
     """F for a run directory: its --val-fraction less the margin (DEFAULT for a transformers folder)."""
-    run = checkpoint / "run.json"
-    vf = json.loads(run.read_text())["args"].get("val_fraction") if run.exists() else None
+    vf = data.run_val_fraction(checkpoint)
     if vf is None:
         return DEFAULT
-    frac = round(float(vf) - MARGIN, 6)
+    frac = round(vf - MARGIN, 6)
     if frac <= 0:
         raise ValueError(f"{checkpoint}: --val-fraction {vf} leaves no held-out text (need > {MARGIN})")
     return frac

@@ -261,6 +261,23 @@ def train_bpe(name: str, files: list[Path], vocab_size: int) -> Any:
     return AutoTokenizer.from_pretrained(str(out))
 
 
+VAL_FRACTION = 0.02  # the recipes' default --val-fraction: the held-out tail of every file
+
+
+def run_record(run_dir: Path) -> dict[str, Any] | None:
+    """What recipes/train.py records at a run's start (run.json: its args as strings, the model, the pp_compress spec),
+    or None where the folder is not a recipe run (a transformers folder)."""
+    f = Path(run_dir) / "run.json"
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def run_val_fraction(run_dir: Path) -> float | None:
+    """The --val-fraction a recipe run trained with (its validation split), or None (not a recipe run, or none recorded)."""
+    record = run_record(run_dir)
+    vf = record["args"].get("val_fraction") if record else None
+    return None if vf in (None, "None") else float(vf)
+
+
 def run_tokenizer(run_dir: Path, name: str) -> Any:
     """The tokenizer a run recorded in run.json: a folder inside the run (pretraining saves its own
     there, so runs can be moved), 'gpt2', or another local folder."""

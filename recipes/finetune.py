@@ -28,7 +28,7 @@ def main() -> None:
                     help=f"local LLaMA-family transformers folder (default: SmolLM2, converted into {DEFAULT_OUT})")
     ap.add_argument("--tokenizer", default=None, help="'gpt2' or a tokenizer folder (default: the checkpoint's)")
     ap.add_argument("--data", default="austen", help="corpus name, .txt file/folder, or .jsonl")
-    ap.add_argument("--val-fraction", type=float, default=0.02)
+    ap.add_argument("--val-fraction", type=float, default=data.VAL_FRACTION)
     ap.add_argument("--train-sequences", type=int, default=0,
                     help="train on the first N sequences only (a small set seen for several epochs); 0 = all")
     train.add_args(ap, steps=100, lr=5e-5)

@@ -29,9 +29,9 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """(engine, tokenizer, GPTConfig) for a recipe run directory or a transformers folder."""
     import pp_compress.deepspeed as ppd
 
-    run = args.checkpoint / "run.json"
-    if run.exists():
-        meta = json.loads(run.read_text())["model"]
+    record = data.run_record(args.checkpoint)
+    if record is not None:
+        meta = record["model"]
         tok_name = meta.pop("tokenizer")
         meta.pop("base_checkpoint", None)
         cfg = GPTConfig(**meta)
@@ -45,7 +45,7 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
               "train_batch_size": args.micro_batch, "steps_per_print": 10**9, "bf16": {"enabled": bool(args.bf16)}}
     train.warn_if_slow_bf16(bool(args.bf16))
     engine, *_ = ppd.initialize(model=module, config=ds_cfg, compression=args.pp_compress)
-    if run.exists():
+    if record is not None:
         path, _ = engine.load_checkpoint(str(args.checkpoint / "ckpt"), load_module_only=True,
                                          load_optimizer_states=False, load_lr_scheduler_states=False)
         if path is None:
@@ -105,7 +105,7 @@ def main() -> None:
     ap.add_argument("--data", default=None, help="corpus name or .txt/.jsonl path: report validation perplexity")
     ap.add_argument("--ppl-batches", type=int, default=16, help="micro-batches of validation text")
     ap.add_argument("--val-fraction", type=float, default=None,
-                    help="the held-out tail of every file (default: the run's own --val-fraction, else 0.02)")
+                    help=f"the held-out tail of every file (default: the run's own --val-fraction, else {data.VAL_FRACTION})")
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=128)
@@ -125,9 +125,8 @@ def main() -> None:
     engine, tok, cfg = load(args)
     result: dict[str, Any] = {"checkpoint": str(args.checkpoint), "pp_compress": str(engine.pp_compress_config())}
     if args.data:
-        run = args.checkpoint / "run.json"
-        trained = json.loads(run.read_text())["args"].get("val_fraction") if run.exists() else None
-        frac = args.val_fraction if args.val_fraction is not None else float(trained) if trained else 0.02
+        trained = data.run_val_fraction(args.checkpoint)
+        frac = args.val_fraction if args.val_fraction is not None else trained if trained is not None else data.VAL_FRACTION
 
         def val() -> Iterator:  # the run's own validation split: the same held-out text its evaluations used
             if args.data in data.CORPORA:

@@ -25,7 +25,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="small", choices=list(PRESETS), help="model size preset")
     ap.add_argument("--corpus", default="shakespeare", choices=list(data.CORPORA))
-    ap.add_argument("--val-fraction", type=float, default=0.02)
+    ap.add_argument("--val-fraction", type=float, default=data.VAL_FRACTION)
     ap.add_argument("--tokenizer", default="bpe8192",
                     help="bpe<N>: a byte-level BPE of N tokens trained on the corpus (cached); gpt2; or a tokenizer folder")
     ap.add_argument("--untied", action="store_true",

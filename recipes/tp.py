@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from recipes.model import Block, GPTConfig

@@ -52,12 +52,11 @@ def unpack_bits(packed: Tensor, bits: int, n: int) -> Tensor:
         return packed[:n]
     if 8 % bits:
         return _unpack_words(packed, bits, n)
-    per = 8 // bits
     if bits == 1:  # replicate each byte 8 times in an int64, keep bit i in byte i
         words = (packed.to(torch.int64) * _SPREAD) & _SELECT  # (nbytes,)
         return (words.view(torch.uint8) != 0).to(torch.uint8)[:n]
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)  # (per,)
-    codes = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # (nbytes, per)
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)  # (8 // bits,)
+    codes = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # (nbytes, 8 // bits)
     return codes.reshape(-1)[:n]
 
 

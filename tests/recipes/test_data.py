@@ -256,3 +256,14 @@ def test_cli_fetch_and_stats_on_the_fixture(capsys):
     data.main(["stats", "fixture"])
     out = capsys.readouterr().out
     assert "fixture: 2 files, 67,536 bytes" in out and "19,241 tokens (gpt2)" in out
+
+
+def test_run_record_and_val_fraction(tmp_path):
+    assert data.run_record(tmp_path) is None and data.run_val_fraction(tmp_path) is None  # a transformers folder
+    (tmp_path / "run.json").write_text(json.dumps({"args": {"val_fraction": "0.05"}, "pp_compress": "int8"}))
+    assert data.run_record(tmp_path)["pp_compress"] == "int8"
+    assert data.run_val_fraction(tmp_path) == 0.05  # train.py records args as strings
+    (tmp_path / "run.json").write_text(json.dumps({"args": {"val_fraction": "None"}}))
+    assert data.run_val_fraction(tmp_path) is None
+    (tmp_path / "run.json").write_text(json.dumps({"args": {}}))  # runs from before --val-fraction was recorded
+    assert data.run_val_fraction(tmp_path) is None

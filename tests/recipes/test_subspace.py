@@ -1,7 +1,5 @@
 """Subspace pipelines: residual writes in span(U), so c = U^T (x - E0[ids]) and the token ids carry the stream exactly."""
 import dataclasses
-import json
-import math
 
 import pytest
 import torch
