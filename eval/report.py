@@ -25,8 +25,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from eval import frontier  # noqa: E402
-from eval.study import COMMON, FINDINGS_RUNS, FINETUNE, FT_COMMON, LONG, LONG_COMMON, SETTINGS  # noqa: E402
+from eval import epochs, frontier  # noqa: E402
+from eval.study import (COMMON, FINDINGS_RUNS, FINETUNE, FT_COMMON, FT_EP_COMMON, FT_EPOCHS, LONG, LONG_COMMON,  # noqa: E402
+                        SETTINGS)
 
 KEEP = ("metrics.jsonl", "run.json", "summary.json", "infer_none.json")
 LEVELS = ("0.5", "0.3", "0.2", "0.1", "0.05")
@@ -63,20 +64,19 @@ def load(run: Path, settings: dict[str, str] | None = None) -> dict[str, Any] | 
     return out
 
 
-def plots(runs: dict[str, dict], where: Path, ft: dict[str, dict], groups: dict[str, list[str]] = GROUPS) -> list[str]:
+def curves(runs: dict[str, dict], where: Path, groups: dict[str, list[str]], what: str = "4-stage pipeline, small GPT"
+           ) -> list[str]:
+    """One validation-curve plot per group with at least two runs measured -> <where>/<group>.png; returns the groups."""
     where.mkdir(parents=True, exist_ok=True)
     made = []
-    groups = {**groups, "finetune": list(FINETUNE)}
     for group, names in groups.items():
-        runs_here = ft if group == "finetune" else runs
-        present = [n for n in names if n in runs_here]
+        present = [n for n in names if n in runs]
         if len(present) < 2:
             continue
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for i, n in enumerate(present):
-            ev, ratio = runs_here[n]["evals"], runs_here[n]["ratio"]
+            ev, ratio = runs[n]["evals"], runs[n]["ratio"]
             ax.plot([e["tokens"] for e in ev], [e["val_loss"] for e in ev], "o-", color=f"C{i}", label=f"{n} ({ratio:.1f}x)")
-        what = "SmolLM2-135M finetuning, 2 stages" if group == "finetune" else "4-stage pipeline, small GPT"
         ax.set(xlabel="tokens", ylabel="validation loss", title=f"{group}: {what}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -84,6 +84,11 @@ def plots(runs: dict[str, dict], where: Path, ft: dict[str, dict], groups: dict[
         fig.savefig(where / f"{group}.png", dpi=110)
         plt.close(fig)
         made.append(group)
+    return made
+
+
+def quality_vs_bytes(runs: dict[str, dict], where: Path) -> str:
+    """The short study's final loss against wire bytes per step -> <where>/quality_vs_bytes.png; returns the stem."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for n, r in runs.items():
         ax.scatter(r["wire"] / 1e6, r["val_loss"], color="C3" if "grad" in n else "C0" if "act" in n else "C2")
@@ -94,7 +99,7 @@ def plots(runs: dict[str, dict], where: Path, ft: dict[str, dict], groups: dict[
     fig.tight_layout()
     fig.savefig(where / "quality_vs_bytes.png", dpi=110)
     plt.close(fig)
-    return made + ["quality_vs_bytes"]
+    return "quality_vs_bytes"
 
 
 class Findings:
@@ -305,13 +310,31 @@ def update_readme(readme: Path, rows: list[dict]) -> None:
     readme.write_text(head + README_START + "\n".join(block) + "\n" + README_END + tail)
 
 
-def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, dict], args: argparse.Namespace) -> list[str]:
+def epochs_section(ftep: dict[str, dict], rel: Path, results: Path) -> list[str]:
+    """Multi-epoch finetuning (AQ-SGD's regime) -> eval/results/finetune_epochs.json, its table and curves."""
+    rows = epochs.rows(ftep, FT_EPOCHS, "ft-ep-base", FT_EP_COMMON)
+    (results / "finetune_epochs.json").write_text(json.dumps(rows, indent=1))
+    made = curves(ftep, rel / "plots" / "long", {"finetune-epochs": list(FT_EPOCHS)}, "SmolLM2-135M, 8 epochs of 32 sequences")
+    n = int(epochs.flag(FT_EP_COMMON, "--train-sequences"))
+    return ["### Multi-epoch finetuning: AQ-SGD's deltas (`eval/results/finetune_epochs.json`)", "",
+            f"`recipes/finetune.py {' '.join(FT_EP_COMMON)} --pp-compress SPEC`: SmolLM2-135M-Instruct on {n} sequences of "
+            f"Jane Austen for {rows[0]['epochs']:.0f} epochs of {rows[0]['steps_per_epoch']} steps, so every sample comes "
+            f"back {rows[0]['epochs'] - 1:.0f} times. AQ-SGD sends a sample's first visit raw and every later visit as a compressed delta to "
+            "what the receiver already holds: its bits are split at the end of the first epoch. int4 without AQ-SGD is "
+            "the control at the same bits. The loss rule's tolerance here is its 0.02-nat floor (this protocol has no "
+            "second seed). Validation: the mean loss of the held-out batches, every "
+            f"{epochs.flag(FT_EP_COMMON, '--eval-every')} steps.", "", *epochs.table(rows, "ft-ep-base"), "",
+            *[f"![{m}]({(rel / 'plots' / 'long' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], ""]
+
+
+def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, dict], ftep: dict[str, dict],
+                 args: argparse.Namespace) -> list[str]:
     rel = args.out.parent
     rows = frontier.build(args.results / "long", args.e2e, args.results / "frontier.json")
     if args.readme is not None:
         update_readme(args.readme, rows)
     made = frontier.plot(rows, rel / "plots" / "long")
-    made += [f for f in plots(long, rel / "plots" / "long", {}, LONG_GROUPS) if f != "quality_vs_bytes"]
+    made += curves(long, rel / "plots" / "long", LONG_GROUPS)
     cmds = [p.with_suffix(".md").read_text().splitlines()[0].removeprefix("Command: ") for p in args.e2e if p.with_suffix(".md").exists()]
     return ["## The long study: 1,000 steps (the headline)", "",
             f"Every run: `recipes/pretrain.py {' '.join(LONG_COMMON)} --pp-compress SPEC` (plus the setting's own options) — "
@@ -331,6 +354,7 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
             *frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows)), "",
             *[f"![{m}]({(rel / 'plots' / 'long' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], "",
             "### The paper's six findings, re-judged", "", *findings_compared(Findings({**short, **ft}), Findings(long)),
+            *(epochs_section(ftep, rel, args.results) if ftep else []),
             "### All long-study settings", "", *table(long, LONG, "base"), ""]
 
 
@@ -352,9 +376,12 @@ def main() -> None:
     runs = {n: r for n, r in every.items() if n in SETTINGS}
     ft = {n: r for n, r in every.items() if n in FINETUNE}
     long = {n: r for n in LONG if (r := load(args.results / "long" / n, LONG))}
+    ftep = {n: r for n in FT_EPOCHS if (r := load(args.results / "long" / n, FT_EPOCHS))}
     if "base" not in runs:
         raise SystemExit(f"no baseline run in {args.results}: run `python eval/study.py --only base` first")
-    made = plots(runs, args.out.parent / "plots", ft)
+    where = args.out.parent / "plots"
+    made = [*curves(runs, where, GROUPS), *curves(ft, where, {"finetune": list(FINETUNE)}, "SmolLM2-135M finetuning, 2 stages"),
+            quality_vs_bytes(runs, where)]
     rel = args.out.parent
     parity = args.results / "parity.md"
     long_parity = args.results / "long" / "parity.md"
@@ -365,7 +392,7 @@ def main() -> None:
              "per step, fp32, the same seed, data order and validation batches for every setting. Validation loss is "
              "measured through the pipeline with the run's own inference compression (the activation spec).", ""]
     if "base" in long:
-        lines += long_section(long, runs, ft, args)
+        lines += long_section(long, runs, ft, ftep, args)
         if long_parity.exists():
             lines += ["### lm-eval non-inferiority of the long study's final checkpoints (eval/parity.py)", "",
                       long_parity.read_text(), ""]

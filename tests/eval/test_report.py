@@ -97,6 +97,8 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
     write_run(res / "long", "base", [6.0, 5.0, 4.0], 1000.0, 1000.0)
     write_run(res / "long", "base-seed1", [6.0, 5.0, 4.02], 1000.0, 1000.0)
     write_run(res / "long", "int8", [5.5, 4.5, 3.99], 1000.0, 250.0)  # reaches 4.0 just before its last evaluation
+    write_run(res / "long", "ft-ep-base", [3.0] * 16, 1000.0, 1000.0)  # multi-epoch finetuning: 2 epochs of 8 steps
+    write_run(res / "long", "ft-ep-act-int4+aqsgd", [3.01] * 16, 1000.0, 125.0)
     e2e = tmp_path / "e2e.csv"
     rows = ["mode,link,rate_mbit,latency_ms,spec,step_s"]
     for link, rate, none_s, int8_s in (("none", 0, 1.0, 1.0), ("2mbit", 2, 11.0, 3.0)):
@@ -120,6 +122,11 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
     data = json.loads((res / "frontier.json").read_text())
     assert [r["name"] for r in data] == ["base", "base-seed1", "int8"]
     assert (tmp_path / "plots" / "long" / "speedup_vs_r.png").stat().st_size > 0
+    assert text.index("## The long study") < text.index("### Multi-epoch finetuning") < text.index("## History")
+    assert "| ft-ep-act-int4+aqsgd | `act=int4+aqsgd,grad=int8` | 4.00 / 4.00 | 4.00 / 4.00 (4.00) |" in text
+    assert [r["name"] for r in json.loads((res / "finetune_epochs.json").read_text())] == ["ft-ep-base", "ft-ep-act-int4+aqsgd"]
+    assert (tmp_path / "plots" / "long" / "finetune-epochs.png").stat().st_size > 0
+    assert not (tmp_path / "plots" / "long" / "quality_vs_bytes.png").exists()  # the short study's plot only
 
 
 def test_readme_frontier_block_is_the_committed_frontier() -> None:
