@@ -31,7 +31,8 @@ Views = Callable[[list["Tensor | None"]], dict[int, View]]
 """How to see some float tensors of a tuple while compressing them: {position: (shape, batch dim in that shape or None
 where the shape keeps no whole samples)}. It is called with the tuple once its integer tensors are known (the sender's
 whole tuple; on the receiver, the integer tensors that arrived first), so both sides derive the same views. A
-tensor-parallel engine uses it to give the flat 1/TP slice it sends back its rows (see `partition_view`)."""
+tensor-parallel engine uses it to give the flat 1/TP slice it sends back its rows (the DeepSpeed shim's
+`partition_view`)."""
 
 
 class StageCompression:
@@ -43,7 +44,8 @@ class StageCompression:
     these; `send` and `recv` are the blocking helpers DeepSpeed's p2p uses. Receiving comes in two phases because the
     float payloads' layouts may depend on integer tensors of the same tuple (sample ids for +aqsgd, a tensor-parallel
     partition's meta): receive the plain buffers first, then allocate and receive the payloads (both in one batch
-    when the config needs neither).
+    when the config needs neither). The phases keep no state between them (each derives the plan from what it is
+    given), so an engine may interleave the receives of many micro-batches.
     """
 
     def __init__(self, cfg: CompressionConfig, stage: int, num_stages: int) -> None:
@@ -209,26 +211,6 @@ def _wire(t: Tensor) -> Tensor:
     """A tensor as it travels uncompressed: bool as its uint8 bytes (NCCL cannot send bool; DeepSpeed casts such
     masks to half, twice the bytes), everything else as it is."""
     return t.view(torch.uint8) if t.dtype == torch.bool else t
-
-
-def partition_view(meta: list[int], batch_dim: int) -> View:
-    """The view of one rank's flat slice of a partitioned tensor (DeepSpeed's PartitionedTensor meta: [ndim, *shape,
-    parts, rank, *offsets]) that keeps the most structure: (n, *shape[j:]) for the smallest j >= 1 whose trailing
-    product divides the slice's offset and length. [s, b, h] split along s when TP divides s gives (s/TP, b, h), batch
-    dim intact; otherwise rows (n, h), or the flat slice (n,) as the last resort. The batch dim survives where the slice
-    holds whole samples (None otherwise)."""
-    ndim = meta[0]
-    shape, parts, rank = meta[1:1 + ndim], meta[1 + ndim], meta[2 + ndim]
-    offsets = meta[3 + ndim:4 + ndim + parts]
-    start, length = offsets[rank], offsets[rank + 1] - offsets[rank]
-    for j in range(1, ndim + 1):
-        tail = 1
-        for s in shape[j:]:
-            tail *= s
-        if tail and start % tail == 0 and length % tail == 0:
-            bd: int | None = batch_dim - j + 1 if batch_dim >= j else (0 if j == 1 and batch_dim == 0 else None)
-            return (length // tail, *shape[j:]), bd
-    return (length,), None
 
 
 def wire_order(specs: list[TensorSpec]) -> list[int]:

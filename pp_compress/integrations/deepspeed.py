@@ -31,10 +31,29 @@ from deepspeed.utils import logger
 
 from ..config import CompressionConfig
 from ..ops.base import TensorSpec
-from ..pipe import StageCompression, partition_view, sample_ids_of
+from ..pipe import StageCompression, View, sample_ids_of
 from ..runtime import SECTION, check_same_config, load_json, load_state, resolve_config, save_state
 from ..stats import format_table
 
+
+def partition_view(meta: list[int], batch_dim: int) -> View:
+    """The view of one rank's flat slice of a partitioned tensor (DeepSpeed's PartitionedTensor meta: [ndim, *shape,
+    parts, rank, *offsets]) that keeps the most structure: (n, *shape[j:]) for the smallest j >= 1 whose trailing
+    product divides the slice's offset and length. [s, b, h] split along s when TP divides s gives (s/TP, b, h), batch
+    dim intact; otherwise rows (n, h), or the flat slice (n,) as the last resort. The batch dim survives where the slice
+    holds whole samples (None otherwise)."""
+    ndim = meta[0]
+    shape, parts, rank = meta[1:1 + ndim], meta[1 + ndim], meta[2 + ndim]
+    offsets = meta[3 + ndim:4 + ndim + parts]
+    start, length = offsets[rank], offsets[rank + 1] - offsets[rank]
+    for j in range(1, ndim + 1):
+        tail = 1
+        for s in shape[j:]:
+            tail *= s
+        if tail and start % tail == 0 and length % tail == 0:
+            bd: int | None = batch_dim - j + 1 if batch_dim >= j else (0 if j == 1 and batch_dim == 0 else None)
+            return (length // tail, *shape[j:]), bd
+    return (length,), None
 
 
 class CompressedPipelineEngine(PipelineEngine):

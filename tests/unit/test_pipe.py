@@ -6,7 +6,7 @@ import torch
 
 import pp_compress as ppc
 from pp_compress.ops.base import TensorSpec
-from pp_compress.pipe import StageCompression, partition_view, wire_order
+from pp_compress.pipe import StageCompression, wire_order
 
 
 def _pair(spec: str):
@@ -107,27 +107,6 @@ def test_mdtopk_sender_learns_from_the_gradient_that_comes_back():
     w = op.weights(ppc.Context(boundary=0, direction="act"), 40, torch.device("cpu"))
     assert set(torch.topk(w, 3).indices.tolist()) == set(hot)
     assert "log_w" in a.state_dict()["ops"]["0.act"]["inner"]
-
-
-@pytest.mark.parametrize("shape,parts,rank,batch_dim,view", [
-    ((8, 3, 4), 2, 1, 1, ((4, 3, 4), 1)),  # [s, b, h] split along s: whole sequence positions, batch dim kept
-    ((3, 8, 4), 2, 0, 0, ((12, 4), None)),  # [b, s, h] with an odd batch: rows of h, no whole samples
-    ((4, 8, 4), 2, 1, 0, ((2, 8, 4), 0)),  # [b, s, h]: whole samples
-    ((5, 3, 4), 2, 0, 1, ((30,), None)),  # halves of 30: 7.5 rows of 4, so only the flat slice fits
-])
-def test_partition_view_keeps_the_most_structure(shape, parts, rank, batch_dim, view):
-    from deepspeed.runtime.utils import partition_uniform
-    numel = 1
-    for s in shape:
-        numel *= s
-    offsets = partition_uniform(numel, parts)
-    meta = [len(shape), *shape, parts, rank, *offsets]
-    got = partition_view(meta, batch_dim)
-    length = offsets[rank + 1] - offsets[rank]
-    n = 1
-    for s in got[0]:
-        n *= s
-    assert n == length and got == view
 
 
 def test_encode_and_decode_serve_an_engine_that_posts_every_buffer_at_once():
