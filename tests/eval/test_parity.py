@@ -12,19 +12,12 @@ from eval.lm import PPCompressLM, stage_cuts  # noqa: E402
 from eval.parity import compare, margin_for  # noqa: E402
 from recipes import data  # noqa: E402
 from recipes.model import GPTConfig, lm_loss  # noqa: E402
-from tests.integration.launch import ROOT, run_job  # noqa: E402
+from tests.integration.launch import ROOT  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    out = tmp_path_factory.mktemp("run")
-    rc, log = run_job(ROOT / "recipes/pretrain.py", 2, "--corpus", "fixture", "--model", "tiny", "--tokenizer", "bpe512",
-                      "--seq-len", "32", "--micro-batch", "2", "--grad-accum", "2", "--steps", "16", "--eval-batches", "2",
-                      "--eval-every", "0", "--lr", "3e-3", "--log-every", "8",
-                      "--pp-compress", "none", "--out", str(out), env={"PP_COMPRESS_CACHE": str(cache), "HF_HOME": str(cache / "hf")})
-    assert rc == 0, log[-3000:]
-    return out, cache
+def run_dir(tiny_run):
+    return tiny_run
 
 
 def test_stage_cuts_match_deepspeed_type_block_partitioning():

@@ -1,0 +1,28 @@
+"""benchmarks/boundary_error.py on a real (tiny) checkpoint: both directions measured, errors ordered by bits."""
+import re
+import subprocess
+import sys
+
+from tests.integration.launch import ROOT
+
+
+def test_boundary_error_on_a_trained_run(tiny_run, tmp_path):
+    run, cache = tiny_run
+    out = tmp_path / "t.md"
+    env = {"PYTHONPATH": str(ROOT), "PP_COMPRESS_CACHE": str(cache), "HF_HOME": str(cache / "hf"), "PATH": "/usr/bin:/bin",
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "benchmarks/boundary_error.py"), "--run", str(run), "--stages", "2", "--rows", "4",
+           "--seq", "32", "--spec", "int8", "--spec", "int4", "--spec", "int4:per=block32", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    text = out.read_text()
+    assert "1 cuts, 4 x 32 held-out tokens" in text
+    fwd, bwd = text.split("## Activation-gradients")
+    for part in (fwd, bwd):
+        rows = {m[0]: (float(m[1]), float(m[2])) for m in re.findall(r"\| `(\S+)`\s*\| ([\d.]+)\s*\| ([\d.]+)", part)}
+        assert set(rows) == {"int8", "int4", "int4:per=block32"}
+        assert rows["int8"][0] > rows["int4:per=block32"][0] > rows["int4"][0]  # bits
+        assert 0 < rows["int8"][1] < rows["int4:per=block32"][1] < rows["int4"][1]  # a nonzero gradient, finer scales help
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks/boundary_error.py"), "--run", str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and "not a recipe run with a checkpoint" in bad.stderr
