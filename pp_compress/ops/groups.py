@@ -84,3 +84,9 @@ def round_scale(s: Tensor, dtype: torch.dtype) -> Tensor:
 def round_down(z: Tensor, dtype: torch.dtype) -> Tensor:
     """Cast fp32 offsets to `dtype`, rounding towards -inf (asymmetric zero points)."""
     return (z - z.abs() * _ROUND_UP[dtype]).to(dtype)
+
+
+def safe_scale(scale: Tensor) -> Tensor:
+    """fp32 scale with zeros replaced by one (an all-zero group quantizes to zero codes)."""
+    s = scale.float()
+    return torch.where(s > 0, s, torch.ones_like(s))

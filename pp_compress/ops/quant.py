@@ -24,7 +24,7 @@ from . import hadamard
 from .bits import pack_bits, packed_nbytes, unpack_bits
 from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
 from .groups import (PER_FORMS, SCALE_DTYPES, check_per, check_scale, from_groups, group_dims, round_down,
-                     round_scale, to_groups)
+                     round_scale, safe_scale, to_groups)
 
 INT_BITS = (1, 2, 3, 4, 5, 6, 7, 8)
 ROT_FORMS = "rot (auto) | rot=<power of two> | rot=off"
@@ -152,7 +152,7 @@ class IntQuant(Compressor):
             zero = round_down(lo, sdt)  # (groups,)
             # hi / top - zero / top, not (hi - zero) / top: the span of values near the dtype's max overflows
             scale = round_scale(hi / top - zero.float() / top, sdt)  # (groups,)
-            inv = 1 / _safe(scale)  # (groups,)
+            inv = 1 / safe_scale(scale)  # (groups,)
             q = torch.mul(g, inv[:, None]).sub_((zero.float() * inv)[:, None])  # (groups, size), in [0, top]
             codes = _round_(q, noise).clamp_(0, top)  # the split division may land a rounding step outside
             extra: tuple[Tensor, ...] = (scale, zero)
@@ -161,14 +161,14 @@ class IntQuant(Compressor):
             if noise is None:
                 codes = (g >= 0).float()
             else:  # P(+1) = (x / absmax + 1) / 2: unbiased
-                codes = (noise < (g / _safe(scale)[:, None] + 1) / 2).float()
+                codes = (noise < (g / safe_scale(scale)[:, None] + 1) / 2).float()
             extra = (scale,)
         else:
             if c.stoch:
                 top = 2 ** (c.bits - 1) - 1
                 scale = round_scale(torch.maximum(hi, -lo) / top, sdt)  # (groups,)
                 # floor(q + u) may reach top + 1 through fp32 rounding of the sum: clamp
-                q = _round_(torch.div(g, _safe(scale)[:, None]), noise).clamp_(-top, top)  # (groups, size)
+                q = _round_(torch.div(g, safe_scale(scale)[:, None]), noise).clamp_(-top, top)  # (groups, size)
                 codes = q.to(torch.int8) if c.bits == 8 else q.add_(top)
             else:
                 codes, scale = (_SYM_ENCODE if c.compile else sym_encode)(g, c.bits, sdt)  # (groups, size), (groups,)
@@ -209,7 +209,7 @@ def sym_encode(g: Tensor, bits: int, sdt: torch.dtype) -> tuple[Tensor, Tensor]:
     no clamp is needed. Pure tensor code: torch.compile fuses it (`compile` option)."""
     top = 2 ** (bits - 1) - 1
     scale = round_scale(torch.maximum(g.amax(dim=1), -g.amin(dim=1)) / top, sdt)  # (groups,)
-    q = torch.div(g, _safe(scale)[:, None]).round_()  # (groups, size)
+    q = torch.div(g, safe_scale(scale)[:, None]).round_()  # (groups, size)
     return (q.to(torch.int8) if bits == 8 else q.add_(top)), scale
 
 
@@ -247,7 +247,7 @@ def sym_encode_int8(g: Tensor, sdt: torch.dtype) -> tuple[Tensor, Tensor]:
         b = buf[: min(rows, g.shape[0] - i)].copy_(g[i:i + rows])  # (<=rows, size); exact
         s = round_scale(torch.maximum(b.amax(dim=1), -b.amin(dim=1)) / 127, sdt)  # (<=rows,)
         scale[i:i + rows] = s
-        b.div_(_safe(s)[:, None]).round_()
+        b.div_(safe_scale(s)[:, None]).round_()
         codes[i:i + rows].copy_(b)  # integral floats in -127..127: exact
     return codes, scale
 
@@ -297,13 +297,7 @@ def _abs_mean(g: Tensor) -> Tensor:
     if bool(torch.isfinite(mean).all()):
         return mean
     top = g.abs().amax(dim=1)  # (groups,)
-    return (g.abs() / _safe(top)[:, None]).mean(dim=1) * top
-
-
-def _safe(scale: Tensor) -> Tensor:
-    """fp32 scale with zeros replaced by one (an all-zero group quantizes to zero codes)."""
-    s = scale.float()
-    return torch.where(s > 0, s, torch.ones_like(s))
+    return (g.abs() / safe_scale(top)[:, None]).mean(dim=1) * top
 
 
 def _round_(q: Tensor, noise: Tensor | None) -> Tensor:
