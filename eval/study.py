@@ -93,6 +93,8 @@ LONG: dict[str, str] = {
     # normal-float levels (dense near zero): int5's bytes with less error than int5 on the activations; the gradients
     # at 2 bits, stochastic (unbiased) with less variance than int2:stoch. 3.58 bits averaged
     "act-nf5_grad-nf2stoch": "act=nf5,grad=nf2:stoch",
+    # 6-bit normal-float activations with the 3-bit gradients that cost nothing: 4.58 bits averaged
+    "act-nf6_grad-int3stoch": "act=nf6,grad=int3:stoch",
     # nf4 has int4:per=block32's error at int4's bytes; 3-bit gradients with less variance than int3:stoch
     "act-nf4_grad-nf3stoch": "act=nf4,grad=nf3:stoch",
     "act-int4_grad-int4stoch": "act=int4,grad=int4:stoch",
@@ -119,9 +121,9 @@ LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # The long study's run order: what a session can finish first is what the issue's goals need most (a <= 4-bit
 # candidate, AQ-SGD's multi-epoch deltas, one run per family, the findings' core), then the rest.
 LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace48-int8", "act-int8_grad-int3stoch",
-              "act-int5_grad-int3stoch", "act-int4b32_grad-int3stoch", "act-nf5_grad-nf2stoch",
-              "act-int4_grad-int3stoch-warm100", "ft-ep-base", "ft-ep-act-int4+aqsgd", "topk0.1",
-              "act-topk0.3row-int8+ef_grad-int8", "act-lowrank8+ef21_grad-int8", "ft-ep-act-int4", "topk0.1+ef",
+              "act-int5_grad-int3stoch", "act-int4b32_grad-int3stoch", "act-nf5_grad-nf2stoch", "act-nf6_grad-int3stoch",
+              "ft-ep-base", "ft-ep-act-int4+aqsgd", "act-int4_grad-int3stoch-warm100", "act-topk0.3row-int8+ef_grad-int8",
+              "act-lowrank8+ef21_grad-int8", "topk0.1", "ft-ep-act-int4", "topk0.1+ef",
               "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.1+aqsgd", "ft-ep-act-int2+aqsgd", "act-nf4_grad-nf3stoch", "topk0.2", "topk0.3",
               "act-int4_grad-int4stoch", "act-int3rot_grad-int4stoch", "subspace48"]
 assert sorted(LONG_ORDER) == sorted([*LONG, *FT_EPOCHS]), "every long setting runs exactly once"
