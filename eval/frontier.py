@@ -36,7 +36,7 @@ import pp_compress as ppc  # noqa: E402
 from eval.study import EXTRA, LONG, SEEDS  # noqa: E402
 
 RESULTS = ROOT / "eval" / "results"
-E2E = [ROOT / "benchmarks" / "results" / f"e2e_frontier{s}.csv" for s in ("", "_more")]  # the second: settings added later
+E2E = [ROOT / "benchmarks" / "results" / f"e2e_frontier{s}.csv" for s in ("", "_more", "_nf")]  # later files: settings added later
 MIN_TOLERANCE = 0.02  # nats: below this, differences are too small to matter for any user
 
 
@@ -177,8 +177,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         spec = " ".join([f"`{r['spec']}`", *r["options"]])
         floor = f" ({r['tolerance']:.3f})" if r["tolerance"] is not None else ""
-        sp = [f"{r['links'][k]['speedup']:.2f}x" if k in r["links"] and r["links"][k]["speedup"] else
-              ("never" if k in r["links"] else "") for k, _ in links]
+        sp = [_cell(r["links"][k], col_r) if k in r["links"] else "" for k, col_r in links]
         out.append(f"| {r['name']} | {spec} | {r['bits_fwd']:.2f} / {r['bits_bwd']:.2f} ({r['bits_avg']:.2f}) | "
                    f"{r['wire_ratio']:.2f}x | {r['final_val_loss']:.3f} | {r['delta']:+.3f}{floor} | "
                    f"{r['parity']['loss_rule'] or ''} / {r['parity']['lm_eval'] or 'not run'} | {_fmt_steps(r['steps_to_target'])} | "
@@ -187,14 +186,23 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _cell(link: dict[str, Any], column_r: float | None) -> str:
+    """A speedup cell; with the link's own r where its e2e run (machine drift) differs from the column's by > 2%."""
+    if not link["speedup"]:
+        return "never"
+    own = link["r"]
+    drift = own is not None and column_r is not None and abs(own - column_r) > 0.02 * column_r
+    return f"{link['speedup']:.2f}x" + (f" (r={own:.1f})" if drift else "")
+
+
 def at_parity(r: dict[str, Any]) -> bool:
     """Both rules pass (lm-eval must have been run)."""
     return r["parity"]["loss_rule"] == "parity" and r["parity"]["lm_eval"] == "parity"
 
 
 def _speeds(r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{r['links'][k]['speedup']:.2f}x at r = {rr:.1f} ({k})" for k, rr in link_order(rows)
-                     if k in r["links"] and r["links"][k]["speedup"] and rr is not None)
+    return ", ".join(f"{r['links'][k]['speedup']:.2f}x at r = {r['links'][k]['r']:.1f} ({k})" for k, _ in link_order(rows)
+                     if k in r["links"] and r["links"][k]["speedup"] and r["links"][k]["r"] is not None)
 
 
 def headline(rows: list[dict[str, Any]]) -> list[str]:

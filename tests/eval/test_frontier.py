@@ -96,3 +96,24 @@ def test_headline_is_the_fewest_bits_at_parity_on_both_rules(monkeypatch):
     text = " ".join(fr.headline(rows))
     assert "`int5`" in text and "never reaches the target" in text and "step 997" in text and "with `int8`" in text
     assert fr.headline([r for r in rows if r["name"] not in ("int8", "int5")]) == ["No compressed setting of the long study is at parity on both rules yet."]
+
+
+def test_presets_follow_the_committed_frontier():
+    """`safe` is the committed frontier's fewest-bits setting at parity on both rules; `aggressive` has fewer bits."""
+    import json
+
+    import pp_compress as ppc
+    from pp_compress.presets import PRESETS
+
+    rows = json.loads((fr.RESULTS / "frontier.json").read_text())
+    parity = sorted((r for r in rows if r["wire_ratio"] > 1.01 and fr.at_parity(r) and not r["options"]), key=lambda r: r["bits_avg"])
+    assert parity, "no compressed setting at parity in eval/results/frontier.json"
+    assert ppc.parse_spec(PRESETS["safe"]) == ppc.parse_spec(parity[0]["spec"])
+    aggressive = [r for r in rows if ppc.parse_spec(r["spec"]) == ppc.parse_spec(PRESETS["aggressive"]) and not r["options"]]
+    assert aggressive and aggressive[0]["bits_avg"] < parity[0]["bits_avg"]
+
+
+def test_a_speedup_from_another_e2e_run_shows_its_own_r():
+    assert fr._cell({"speedup": 2.0, "r": 10.1}, 10.0) == "2.00x"  # within 2%: the column's r holds
+    assert fr._cell({"speedup": 2.0, "r": 8.0}, 10.0) == "2.00x (r=8.0)"  # machine drift between e2e runs
+    assert fr._cell({"speedup": None, "r": 8.0}, 10.0) == "never"
