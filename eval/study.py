@@ -122,9 +122,9 @@ LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # candidate, AQ-SGD's multi-epoch deltas, one run per family, the findings' core), then the rest.
 LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace48-int8", "act-int8_grad-int3stoch",
               "act-int5_grad-int3stoch", "act-int4b32_grad-int3stoch", "act-nf5_grad-nf2stoch", "act-nf6_grad-int3stoch",
-              "ft-ep-base", "ft-ep-act-int4+aqsgd", "act-int4_grad-int3stoch-warm100", "act-topk0.3row-int8+ef_grad-int8",
-              "act-lowrank8+ef21_grad-int8", "topk0.1", "ft-ep-act-int4", "topk0.1+ef",
-              "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.1+aqsgd", "ft-ep-act-int2+aqsgd", "act-nf4_grad-nf3stoch", "topk0.2", "topk0.3",
+              "ft-ep-base", "ft-ep-act-int4+aqsgd", "ft-ep-act-int4", "ft-ep-act-int2+aqsgd", "act-int4_grad-int3stoch-warm100",
+              "act-topk0.3row-int8+ef_grad-int8", "act-lowrank8+ef21_grad-int8", "topk0.1", "topk0.1+ef",
+              "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.1+aqsgd", "act-nf4_grad-nf3stoch", "topk0.2", "topk0.3",
               "act-int4_grad-int4stoch", "act-int3rot_grad-int4stoch", "subspace48"]
 assert sorted(LONG_ORDER) == sorted([*LONG, *FT_EPOCHS]), "every long setting runs exactly once"
 # protocol -> (names in run order, where the runs go)
