@@ -324,8 +324,9 @@ def epochs_section(ftep: dict[str, dict], rel: Path, results: Path) -> list[str]
             "the control at the same bits. Eight epochs of 32 sequences overfit: validation loss turns up after the "
             "first epochs while training loss keeps falling, so the loss rule judges the best validation loss (the "
             "checkpoint a user keeps), with the rule's 0.02-nat floor as tolerance (this protocol has no second "
-            "seed); the final validation and training losses are shown too. Validation: the mean loss of the held-out batches, every "
-            f"{epochs.flag(FT_EP_COMMON, '--eval-every')} steps.", "", *epochs.table(rows, "ft-ep-base"), "",
+            "seed); the final validation and training losses are shown too. Validation: the mean loss of the held-out batches, "
+            f"every {epochs.flag(FT_EP_COMMON, '--eval-every')} steps, uncompressed (`eval=none`: what compressed training "
+            "did to the model, not int4 at inference).", "", *epochs.table(rows, "ft-ep-base"), "",
             *[f"![{m}]({(rel / 'plots' / 'long' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], ""]
 
 
