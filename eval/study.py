@@ -116,7 +116,8 @@ LONG_COMMON = ["--stages", "4", "--model", "small", "--steps", "1000", "--val-fr
 # on SmolLM2's outlier channels would otherwise dominate the validation loss.
 FT_EPOCHS: dict[str, str] = {"ft-ep-base": "none", "ft-ep-act-int4": "act=int4,grad=int8,eval=none",
                              "ft-ep-act-int4+aqsgd": "act=int4+aqsgd,grad=int8,eval=none",
-                             "ft-ep-act-int2+aqsgd": "act=int2+aqsgd,grad=int8,eval=none"}
+                             # the fewest bits on repeats: 2-bit deltas, and the 3-bit stochastic gradients pretraining took
+                             "ft-ep-act-int2+aqsgd_grad-int3stoch": "act=int2+aqsgd,grad=int3:stoch,eval=none"}
 FT_EP_COMMON = ["--stages", "2", "--data", "austen", "--train-sequences", "32", "--steps", "64", "--seq-len", "128",
                 "--micro-batch", "2", "--grad-accum", "2", "--eval-every", "8", "--eval-batches", "8", "--log-every", "4",
                 "--lr", "5e-5", "--seed", "0", "--save-every", "16"]
@@ -125,7 +126,8 @@ LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # candidate, AQ-SGD's multi-epoch deltas, one run per family, the findings' core), then the rest.
 LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace48-int8", "act-int8_grad-int3stoch",
               "act-int5_grad-int3stoch", "act-int4b32_grad-int3stoch", "act-nf5_grad-nf2stoch", "act-nf6_grad-int3stoch",
-              "ft-ep-base", "ft-ep-act-int4+aqsgd", "ft-ep-act-int4", "ft-ep-act-int2+aqsgd", "act-int4_grad-int3stoch-warm100",
+              "ft-ep-base", "ft-ep-act-int4+aqsgd", "ft-ep-act-int4", "ft-ep-act-int2+aqsgd_grad-int3stoch",
+              "act-int4_grad-int3stoch-warm100",
               "act-topk0.3row-int8+ef_grad-int8", "act-lowrank8+ef21_grad-int8", "topk0.1", "topk0.1+ef",
               "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.1+aqsgd", "act-nf4_grad-nf3stoch", "topk0.2", "topk0.3",
               "act-int4_grad-int4stoch", "act-int3rot_grad-int4stoch", "subspace48"]
