@@ -123,7 +123,7 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
     assert [r["name"] for r in data] == ["base", "base-seed1", "int8"]
     assert (tmp_path / "plots" / "long" / "speedup_vs_r.png").stat().st_size > 0
     assert text.index("## The long study") < text.index("### Multi-epoch finetuning") < text.index("## History")
-    assert "| ft-ep-act-int4+aqsgd | `act=int4+aqsgd,grad=int8` | 4.00 / 4.00 | 4.00 / 4.00 (4.00) |" in text
+    assert "| ft-ep-act-int4+aqsgd | `act=int4+aqsgd,grad=int8,eval=none` | 4.00 / 4.00 | 4.00 / 4.00 (4.00) |" in text
     assert [r["name"] for r in json.loads((res / "finetune_epochs.json").read_text())] == ["ft-ep-base", "ft-ep-act-int4+aqsgd"]
     assert (tmp_path / "plots" / "long" / "finetune-epochs.png").stat().st_size > 0
     assert not (tmp_path / "plots" / "long" / "quality_vs_bytes.png").exists()  # the short study's plot only
