@@ -296,24 +296,39 @@ def findings_compared(old: Findings, new: Findings) -> list[str]:
     return lines + ["", new.lines()[0], "", *details]
 
 
-README_START, README_END = "<!-- frontier: written by eval/report.py -->", "<!-- frontier: end -->"
+def markers(name: str) -> tuple[str, str]:
+    """The README lines between which this script writes the block `name`."""
+    return f"<!-- {name}: written by eval/report.py -->", f"<!-- {name}: end -->"
 
 
-def update_readme(readme: Path, rows: list[dict]) -> None:
-    """Replace the README's frontier block (between the markers) by the table and headline of these rows."""
+README_START, README_END = markers("frontier")
+
+
+def frontier_block(rows: list[dict]) -> list[str]:
+    return [*frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows))]
+
+
+def epochs_block(rows: list[dict]) -> list[str]:
+    return epochs.table(rows, "ft-ep-base")
+
+
+def update_readme(readme: Path, name: str, lines: list[str]) -> None:
+    """Replace the README's block `name` (between its markers) by these lines."""
+    start, end = markers(name)
     text = readme.read_text()
-    if README_START not in text or README_END not in text:
-        raise SystemExit(f"{readme} has no frontier block: add the lines {README_START!r} and {README_END!r} where it goes")
-    head, rest = text.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
-    block = ["", *frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows)), ""]
-    readme.write_text(head + README_START + "\n".join(block) + "\n" + README_END + tail)
+    if start not in text or end not in text:
+        raise SystemExit(f"{readme} has no {name} block: add the lines {start!r} and {end!r} where it goes")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(head + start + "\n".join(["", *lines, ""]) + "\n" + end + tail)
 
 
-def epochs_section(ftep: dict[str, dict], rel: Path, results: Path) -> list[str]:
+def epochs_section(ftep: dict[str, dict], rel: Path, results: Path, readme: Path | None) -> list[str]:
     """Multi-epoch finetuning (AQ-SGD's regime) -> eval/results/finetune_epochs.json, its table and curves."""
     rows = epochs.rows(ftep, FT_EPOCHS, "ft-ep-base", FT_EP_COMMON)
     (results / "finetune_epochs.json").write_text(json.dumps(rows, indent=1))
+    if readme is not None:
+        update_readme(readme, "finetune-epochs", epochs_block(rows))
     made = curves(ftep, rel / "plots" / "long", {"finetune-epochs": list(FT_EPOCHS)}, "SmolLM2-135M, 8 epochs of 32 sequences")
     n = int(epochs.flag(FT_EP_COMMON, "--train-sequences"))
     return ["### Multi-epoch finetuning: AQ-SGD's deltas (`eval/results/finetune_epochs.json`)", "",
@@ -326,7 +341,7 @@ def epochs_section(ftep: dict[str, dict], rel: Path, results: Path) -> list[str]
             "checkpoint a user keeps), with the rule's 0.02-nat floor as tolerance (this protocol has no second "
             "seed); the final validation and training losses are shown too. Validation: the mean loss of the held-out batches, "
             f"every {epochs.flag(FT_EP_COMMON, '--eval-every')} steps, uncompressed (`eval=none`: what compressed training "
-            "did to the model, not int4 at inference).", "", *epochs.table(rows, "ft-ep-base"), "",
+            "did to the model, not int4 at inference).", "", *epochs_block(rows), "",
             *[f"![{m}]({(rel / 'plots' / 'long' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], ""]
 
 
@@ -335,7 +350,7 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
     rel = args.out.parent
     rows = frontier.build(args.results / "long", args.e2e, args.results / "frontier.json")
     if args.readme is not None:
-        update_readme(args.readme, rows)
+        update_readme(args.readme, "frontier", frontier_block(rows))
     made = frontier.plot(rows, rel / "plots" / "long")
     made += curves(long, rel / "plots" / "long", LONG_GROUPS)
     cmds = [p.with_suffix(".md").read_text().splitlines()[0].removeprefix("Command: ") for p in args.e2e if p.with_suffix(".md").exists()]
@@ -357,7 +372,7 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
             *frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows)), "",
             *[f"![{m}]({(rel / 'plots' / 'long' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], "",
             "### The paper's six findings, re-judged", "", *findings_compared(Findings({**short, **ft}), Findings(long)),
-            *(epochs_section(ftep, rel, args.results) if ftep else []),
+            *(epochs_section(ftep, rel, args.results, args.readme) if ftep else []),
             "### All long-study settings", "", *table(long, LONG, "base"), ""]
 
 

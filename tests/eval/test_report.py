@@ -106,7 +106,8 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
     e2e.write_text("\n".join(rows) + "\n")
     out = tmp_path / "RESULTS.md"
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\nbefore\n{report.README_START}\nold table\n{report.README_END}\nafter\n")
+    readme.write_text(f"# x\n\nbefore\n{report.README_START}\nold table\n{report.README_END}\nafter\n"
+                      + "\n".join(report.markers("finetune-epochs")) + "\n")
     monkeypatch.setattr(sys, "argv", ["report.py", "--from-results", "--results", str(res), "--out", str(out), "--e2e", str(e2e),
                                       "--readme", str(readme)])
     report.main()
@@ -129,11 +130,12 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
     assert not (tmp_path / "plots" / "long" / "quality_vs_bytes.png").exists()  # the short study's plot only
 
 
-def test_readme_frontier_block_is_the_committed_frontier() -> None:
-    """The README's headline table is rendered from eval/results/frontier.json, never typed in."""
-    from eval import frontier
-
+def test_readme_blocks_are_the_committed_results() -> None:
+    """The README's frontier and finetuning tables are rendered from eval/results/*.json, never typed in."""
     rows = json.loads((report.ROOT / "eval" / "results" / "frontier.json").read_text())
     text = (report.ROOT / "README.md").read_text()
     block = text.split(report.README_START, 1)[1].split(report.README_END, 1)[0]
-    assert block.strip() == "\n".join([*frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows))]).strip()
+    assert block.strip() == "\n".join(report.frontier_block(rows)).strip()
+    start, end = report.markers("finetune-epochs")
+    rows = json.loads((report.ROOT / "eval" / "results" / "finetune_epochs.json").read_text())
+    assert text.split(start, 1)[1].split(end, 1)[0].strip() == "\n".join(report.epochs_block(rows)).strip()
