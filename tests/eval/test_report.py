@@ -113,7 +113,9 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
     report.main()
     text = out.read_text()
     block = readme.read_text()
-    assert "old table" not in block and block.startswith("# x\n\nbefore\n") and block.endswith(f"{report.README_END}\nafter\n")
+    assert "old table" not in block and block.startswith("# x\n\nbefore\n") and f"{report.README_END}\nafter\n" in block
+    start, end = report.markers("finetune-epochs")
+    assert block.split(start, 1)[1].split(end, 1)[0].strip().startswith("| setting | --pp-compress | bits fwd / bwd, epoch 1")
     assert "| speedup 2mbit (r=10.0) |" in block and "**Headline.**" in block
     assert text.index("## The long study") < text.index("## History: the short study")
     assert "| speedup 2mbit (r=10.0) |" in text
