@@ -28,10 +28,10 @@ SPECS = ["int8", "int5", "int4", "int4:asym", "int4:rot", "int4:per=block64", "i
          "nf3", "nf3:stoch", "nf2:stoch", "nat:bits=4", "fp8", "topk:0.3:per=row>int8", "lowrank:8"]
 
 
-def boundary_tensors(run: Path, stages: int, rows: int, seq: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """(activations, activation-gradients) at each stage cut, on `rows` x `seq` held-out tokens of the run's corpus."""
+def boundary_tensors(run: Path, record: dict, stages: int, rows: int, seq: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(activations, activation-gradients) at each stage cut, on `rows` x `seq` held-out tokens of the run's corpus
+    (`record`: the run's run.json)."""
     model, tok, trained_seq = load_model(run)
-    record = data.run_record(run)
     corpus, frac = record["args"]["corpus"], data.run_val_fraction(run) or data.VAL_FRACTION
     val = data.lm_datasets(data.corpus_files(corpus), tok, min(seq, trained_seq), frac)[1]
     batch = val.select(range(min(rows, len(val))))
@@ -74,7 +74,7 @@ def main() -> None:
         ap.error(f"--run {args.run}: not a pretraining run (recipes/pretrain.py records its --corpus, whose held-out text "
                  "this reads)")
     torch.manual_seed(0)
-    acts, grads = boundary_tensors(args.run, args.stages, args.rows, args.seq)
+    acts, grads = boundary_tensors(args.run, record, args.stages, args.rows, args.seq)
     specs = args.spec or SPECS
     header = ["spec", "bits/element", "rel. error, mean over cuts"]
     tables = [markdown(header, [row(s, ts) for s in specs]) for ts in (acts, grads)]

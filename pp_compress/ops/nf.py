@@ -36,6 +36,13 @@ def levels(bits: int) -> Tensor:
     return (v / v.abs().max()).float()
 
 
+@functools.cache
+def _table(bits: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(levels, midpoints between neighbouring levels) on `device`, built once: encode runs every micro-batch."""
+    lv = levels(bits).to(device)  # (2**bits,)
+    return lv, (lv[1:] + lv[:-1]) / 2
+
+
 @dataclass(frozen=True)
 class NormalFloatConfig(OpConfig):
     """Normal-float quantization, e.g. `nf4`, `nf4:per=block32`, `nf3:stoch`."""
@@ -90,7 +97,7 @@ class NormalFloat(Compressor):
 
     def _encode(self, x: Tensor, ctx: Context) -> Payload:
         c = self.config
-        lv = levels(c.bits).to(x.device)  # (2**bits,)
+        lv, mid = _table(c.bits, x.device)  # (2**bits,), (2**bits - 1,)
         g = to_groups(x, c.per).float()  # (groups, size)
         scale = round_scale(g.abs().amax(dim=1), SCALE_DTYPES[c.scale])  # (groups,), rounded up: |u| <= 1
         if not bool(torch.isfinite(scale).all()):
@@ -103,7 +110,7 @@ class NormalFloat(Compressor):
             noise = torch.rand(u.shape, generator=ctx.generator(x.device, "nf"), device=x.device)
             codes = lo + (noise < p_up)  # (groups, size)
         else:  # the nearest level: bucketize against the midpoints
-            codes = torch.bucketize(u, (lv[1:] + lv[:-1]) / 2)  # (groups, size), 0..2**bits - 1
+            codes = torch.bucketize(u, mid)  # (groups, size), 0..2**bits - 1
         codes = from_groups(codes.to(torch.uint8), tuple(x.shape), c.per)  # x.shape
         return Payload((pack_bits(codes.reshape(-1), c.bits), scale), x.shape, x.dtype)
 
@@ -111,6 +118,6 @@ class NormalFloat(Compressor):
         c = self.config
         shape = tuple(payload.shape)
         codes = unpack_bits(payload.tensors[0], c.bits, TensorSpec(shape, payload.dtype).numel).reshape(shape)
-        lv = levels(c.bits).to(codes.device)
+        lv, _ = _table(c.bits, codes.device)
         g = lv[to_groups(codes, c.per).long()] * payload.tensors[1].float()[:, None]  # (groups, size)
         return from_groups(g, shape, c.per).to(payload.dtype)
