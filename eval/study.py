@@ -104,7 +104,7 @@ LONG: dict[str, str] = {
     "act-lowrank8+ef21_grad-int8": "act=lowrank:8+ef21,grad=int8",
     "subspace48": "none",  # the constrained architecture's own cost, nothing lossy on the wire
 }
-# The paper's six findings re-judged (eval/report.py's Findings): TopK levels, one direction, feedback, AQ-SGD
+# The paper's six findings re-judged (eval/findings.py): TopK levels, one direction, feedback, AQ-SGD
 FINDINGS_RUNS = ("topk0.1", "topk0.1+ef", "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.1+aqsgd", "topk0.2", "topk0.3")
 LONG_COMMON = ["--stages", "4", "--model", "small", "--steps", "1000", "--val-fraction", "0.05", "--eval-every", "50",
                "--eval-batches", "32", "--log-every", "20", "--save-every", "100"]
@@ -175,17 +175,17 @@ def main() -> None:
                 print(log[-3000:], flush=True)
                 continue
         if name in FT_FEEDBACK:  # the validation batches of FT_COMMON's evaluations
-            infer_plain(name, out, "--stages", "2", "--data", "austen", "--micro-batch", "2", "--ppl-batches", "16")
+            infer_plain(name, out, 2, "--data", "austen", "--micro-batch", "2", "--ppl-batches", "16")
         elif name in FEEDBACK:
-            infer_plain(name, out, "--stages", "4", "--data", "shakespeare", "--ppl-batches", "32")
+            infer_plain(name, out, 4, "--data", "shakespeare", "--ppl-batches", "32")
 
 
-def infer_plain(name: str, out: Path, *args: str) -> None:
-    """Evaluate the run's final checkpoint with no compression at all -> <out>/infer_none.json (once)."""
+def infer_plain(name: str, out: Path, stages: int, *args: str) -> None:
+    """Evaluate the run's final checkpoint over `stages` processes with no compression at all -> <out>/infer_none.json
+    (once)."""
     if not (out / "infer_none.json").exists():
-        stages = int(args[args.index("--stages") + 1])
-        rc, log = run_job(ROOT / "recipes/infer.py", stages, "--checkpoint", str(out), *args, "--pp-compress", "none",
-                          "--out", str(out / "infer_none.json"), timeout=1800)
+        rc, log = run_job(ROOT / "recipes/infer.py", stages, "--checkpoint", str(out), "--stages", str(stages), *args,
+                          "--pp-compress", "none", "--out", str(out / "infer_none.json"), timeout=1800)
         print(f"{name:24s} inference without compression rc={rc}", flush=True)
         if rc != 0:
             print(log[-3000:], flush=True)

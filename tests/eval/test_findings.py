@@ -1,0 +1,61 @@
+"""eval/findings.py: the rules that judge the paper's six findings, on synthetic runs."""
+from __future__ import annotations
+
+import pytest
+
+from eval import findings
+
+
+def run(val: float, ratio: float = 1.0, plain: float | None = None) -> dict:
+    r = {"val_loss": val, "ratio": ratio, "wire": 1e6 / ratio, "evals": [{"tokens": 1, "val_loss": val}]}
+    if plain is not None:
+        r["val_loss_plain_inference"] = plain
+    return r
+
+
+def test_tolerance_from_seed_gap() -> None:
+    f = findings.Findings({"base": run(5.0), "base-seed1": run(5.03)})
+    assert f.tol == pytest.approx(0.06)
+    assert findings.Findings({"base": run(5.0), "base-seed1": run(5.001)}).tol == 0.02  # floor
+    assert findings.Findings({"base": run(5.0)}).tol == 0.05  # no second seed: documented default
+
+
+def test_gradients_more_sensitive_rule() -> None:
+    runs = {"base": run(5.0), "base-seed1": run(5.0)}
+    for r in findings.LEVELS:
+        runs[f"act-topk{r}"], runs[f"grad-topk{r}"] = run(5.01), run(5.5)
+    assert findings.Findings(runs).f1()[0] == "holds"
+    for r in findings.LEVELS:
+        runs[f"grad-topk{r}"] = run(5.01)
+    assert findings.Findings(runs).f1()[0] == "does not hold here"
+    # act-only runs look worse only through TopK at their own validation: uncompressed, they beat grad-only
+    for r in findings.LEVELS:
+        runs[f"act-topk{r}"], runs[f"grad-topk{r}"] = run(6.0, plain=5.01), run(5.5)
+    verdict, text = findings.Findings(runs).f1()
+    assert verdict == "holds" and "+1.000 [+0.010] / +0.500" in text
+
+
+def test_topk_at_inference_and_feedback_rules() -> None:
+    runs = {"base": run(5.0), "base-seed1": run(5.0), "topk0.1": run(5.5, 7.6, plain=6.5),
+            "topk0.1+ef": run(5.5, 7.6, plain=5.51), "topk0.1+ef21": run(5.52, 7.6, plain=5.5)}
+    f = findings.Findings(runs)
+    assert f.f3()[0] == "holds"          # 1 nat worse without TopK at inference
+    assert f.f4()[0] == "holds"          # no training gain, small drop without compression
+    runs["topk0.1+ef"] = run(5.1, 7.6, plain=6.0)
+    assert findings.Findings(runs).f4()[0].startswith("partly (a training gain, a large drop")
+    assert f.f2()[0] == "does not hold here"  # topk0.1 is 0.5 nats worse
+
+
+def test_aqsgd_without_revisits_is_reported_as_untestable() -> None:
+    runs = {"base": run(5.0), "topk0.1": run(5.5, 7.6), "topk0.1+aqsgd": run(5.4, 1.0, plain=5.0)}
+    verdict, text = findings.Findings(runs).f5()
+    assert verdict == "not testable in one epoch" and "5.000" in text
+
+
+def test_compared_puts_the_old_verdict_next_to_the_new() -> None:
+    old = findings.Findings({"base": run(5.0), "base-seed1": run(5.0), "topk0.1": run(5.01, 7.6)})
+    new = findings.Findings({"base": run(5.0), "base-seed1": run(5.0), "topk0.1": run(5.5, 7.6)})
+    lines = findings.findings_compared(old, new)
+    row = next(x for x in lines if x.startswith(f"| {findings.Findings.TITLES[1]}"))
+    assert row.endswith("| holds | does not hold here |")
+    assert sum(x.startswith("|") for x in lines) == 2 + len(findings.Findings.TITLES)  # header, rule, one row each
