@@ -95,6 +95,9 @@ LONG: dict[str, str] = {
     "act-nf5_grad-nf2stoch": "act=nf5,grad=nf2:stoch",
     # 6-bit normal-float activations with the 3-bit gradients that cost nothing: 4.58 bits averaged
     "act-nf6_grad-int3stoch": "act=nf6,grad=int3:stoch",
+    # level counts between powers of two (base-L packing): 40 activation levels (5.33 bits) have less error than nf5,
+    # 5 stochastic gradient levels (2.33 bits) less than nf2:stoch; 3.92 bits averaged with the scales
+    "act-nf40_grad-nf5stoch": "act=nf:40,grad=nf:5:stoch",
     # nf4 has int4:per=block32's error at int4's bytes; 3-bit gradients with less variance than int3:stoch
     "act-nf4_grad-nf3stoch": "act=nf4,grad=nf3:stoch",
     "act-int4_grad-int4stoch": "act=int4,grad=int4:stoch",
@@ -128,7 +131,7 @@ LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace
               "act-int5_grad-int3stoch", "act-int4b32_grad-int3stoch", "act-nf5_grad-nf2stoch", "act-nf6_grad-int3stoch",
               "ft-ep-base", "ft-ep-act-int4+aqsgd", "ft-ep-act-int4", "ft-ep-act-int2+aqsgd_grad-int3stoch",
               "act-int4_grad-int3stoch-warm100",
-              "act-topk0.3row-int8+ef_grad-int8", "act-lowrank8+ef21_grad-int8", "topk0.1", "topk0.1+ef",
+              "act-topk0.3row-int8+ef_grad-int8", "act-lowrank8+ef21_grad-int8", "act-nf40_grad-nf5stoch", "topk0.1", "topk0.1+ef",
               "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.1+aqsgd", "act-nf4_grad-nf3stoch", "topk0.2", "topk0.3",
               "act-int4_grad-int4stoch", "act-int3rot_grad-int4stoch", "subspace48"]
 assert sorted(LONG_ORDER) == sorted([*LONG, *FT_EPOCHS]), "every long setting runs exactly once"

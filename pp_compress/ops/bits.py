@@ -3,8 +3,14 @@
 Widths that divide 8 (1, 2, 4) pack whole codes into each byte; the others (3, 5, 6, 7) pack 8 codes into one
 64-bit word and keep its low `bits` bytes. Either way n codes take exactly ceil(n * bits / 8) bytes, first code
 in the lowest bits.
+
+Codes of L levels, L not a power of two, are packed k at a time as one base-L number of m bits (L**k <= 2**m), so
+they cost m / k bits each instead of ceil(log2 L): 5 levels take 7 bits per 3 codes (2.33 bits), 40 levels 16 bits
+per 3 codes (5.33 bits).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
@@ -58,6 +64,65 @@ def unpack_bits(packed: Tensor, bits: int, n: int) -> Tensor:
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)  # (8 // bits,)
     codes = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # (nbytes, 8 // bits)
     return codes.reshape(-1)[:n]
+
+
+MAX_LEVELS = 256
+GROUP_CODES = 8
+"""The most codes one base-L number holds (k)."""
+
+
+@functools.cache
+def level_packing(levels: int) -> tuple[int, int]:
+    """(k, m): codes per base-`levels` number and its bits, the fewest bits per code for k <= 8 (the smaller k on a
+    tie). A power of two gets (1, log2 L): plain bit packing."""
+    if not 2 <= levels <= MAX_LEVELS:
+        raise ValueError(f"levels={levels}; accepted: 2 .. {MAX_LEVELS}")
+    fits = [(k, m) for k in range(1, GROUP_CODES + 1) if (m := (levels**k - 1).bit_length()) < 64]  # int64 arithmetic
+    return min(fits, key=lambda km: (km[1] / km[0], km[0]))
+
+
+def levels_nbytes(n: int, levels: int) -> int:
+    """Bytes that `n` codes of `levels` levels occupy after `pack_levels`."""
+    k, m = level_packing(levels)
+    if k == 1:
+        return packed_nbytes(n, m)
+    words = -(-n // k)
+    return words * (m // 8) + packed_nbytes(words, m % 8)
+
+
+def pack_levels(codes: Tensor, levels: int) -> Tensor:
+    """Pack a flat uint8 tensor of codes < `levels`: k codes as one base-L number (first code the lowest digit),
+    whose m bits go as m // 8 whole bytes per number, then the m % 8 high bits of every number bit-packed."""
+    k, m = level_packing(levels)
+    if k == 1:
+        return pack_bits(codes, m)
+    codes = codes.reshape(-1).to(torch.int64)  # (n,)
+    pad = (-codes.numel()) % k
+    if pad:
+        codes = torch.cat([codes, codes.new_zeros(pad)])
+    digits = torch.tensor([levels**i for i in range(k)], dtype=torch.int64, device=codes.device)  # (k,)
+    words = (codes.view(-1, k) * digits).sum(1)  # (n / k,), each < 2**m
+    q, r = divmod(m, 8)
+    low = (words[:, None] >> (8 * torch.arange(q, device=codes.device))) & 0xFF  # (n / k, q)
+    parts = [low.to(torch.uint8).reshape(-1)]
+    if r:
+        parts.append(pack_bits((words >> (8 * q)).to(torch.uint8), r))
+    return torch.cat(parts)
+
+
+def unpack_levels(packed: Tensor, levels: int, n: int) -> Tensor:
+    """Inverse of `pack_levels`: the first `n` codes as a flat uint8 tensor."""
+    k, m = level_packing(levels)
+    if k == 1:
+        return unpack_bits(packed, m, n)
+    words_n = -(-n // k)
+    q, r = divmod(m, 8)
+    low = packed[: words_n * q].view(words_n, q).to(torch.int64)  # (words, q)
+    words = (low << (8 * torch.arange(q, device=packed.device))).sum(1)  # (words,)
+    if r:
+        words |= unpack_bits(packed[words_n * q:], r, words_n).to(torch.int64) << (8 * q)
+    digits = torch.tensor([levels**i for i in range(k)], dtype=torch.int64, device=packed.device)  # (k,)
+    return ((words[:, None] // digits) % levels).to(torch.uint8).reshape(-1)[:n]
 
 
 def _shifts(bits: int, device: torch.device) -> Tensor:

@@ -1,12 +1,15 @@
-"""nf<b>: normal-float quantization (QLoRA's NF4, Dettmers et al. 2023, for any b in 2..8), codes bit-packed.
+"""nf<b>, nf:<L>: normal-float quantization (QLoRA's NF4, Dettmers et al. 2023, for any b in 2..8 or any level
+count L in 3..256), codes bit-packed.
 
-The 2**b levels sit at quantiles of N(0, 1) scaled so the outermost are -1 and +1, with an exact zero (QLoRA's
-construction: 2**(b-1) positive levels, 2**(b-1) - 1 negative ones). Each group sends its absmax; a value x is
+The levels sit at quantiles of N(0, 1) scaled so the outermost are -1 and +1, with an exact zero (QLoRA's
+construction for an even count L: L/2 positive levels, L/2 - 1 negative ones; an odd count is symmetric). A count
+that is not a power of two packs k codes as one base-L number (bits.pack_levels): `nf:40` costs 5.33 bits per
+element with less error than nf5, `nf:5` 2.33 bits. Each group sends its absmax; a value x is
 coded as the level nearest x / absmax. Levels are dense near zero, where most of a roughly Gaussian tensor lies
 (residual streams without outlier channels, activation-gradients), so the error is below int<b>'s uniform levels
 for the same bytes. `stoch` rounds to one of the two neighbouring levels with probability by distance instead:
 unbiased, with a smaller variance than int<b>:stoch where values cluster near zero.
-Wire: ceil(n * b / 8) bytes of codes + one scale per group.
+Wire: ceil(n * b / 8) bytes of codes (bits.levels_nbytes for L levels) + one scale per group.
 """
 from __future__ import annotations
 
@@ -19,16 +22,19 @@ import torch
 from torch import Tensor
 
 from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
-from .bits import pack_bits, packed_nbytes, unpack_bits
+from .bits import MAX_LEVELS, levels_nbytes, pack_levels, unpack_levels
 from .groups import PER_FORMS, SCALE_DTYPES, check_per, check_scale, from_groups, group_dims, round_scale, safe_scale, to_groups
 
 NF_BITS = (2, 3, 4, 5, 6, 7, 8)
 
 
 @functools.cache
-def levels(bits: int) -> Tensor:
-    """The 2**bits levels in increasing order, in [-1, 1], with an exact 0 (fp32, CPU; QLoRA's NF4 for bits=4)."""
-    n = 2**bits
+def levels(n: int) -> Tensor:
+    """The n levels in increasing order, in [-1, 1], with an exact 0 (fp32, CPU; QLoRA's NF4 for n=16)."""
+    if n % 2:  # symmetric: (n - 1) / 2 levels a side, the outermost at the centre quantile of n equal-mass bins
+        pos = torch.special.ndtri(torch.linspace(1 - 1 / (2 * n), 0.5, n // 2 + 1, dtype=torch.float64)[:-1])
+        v = torch.cat([-pos, torch.zeros(1, dtype=torch.float64), pos.flip(0)])  # (n,) ascending
+        return (v / v.max()).float()
     offset = (1 - 1 / (2 * (n - 1)) + 1 - 1 / (2 * n)) / 2  # QLoRA: between the two halves' outermost quantiles
     pos = torch.special.ndtri(torch.linspace(offset, 0.5, n // 2 + 1, dtype=torch.float64)[:-1])  # (n/2,) descending
     neg = -torch.special.ndtri(torch.linspace(offset, 0.5, n // 2, dtype=torch.float64)[:-1])  # (n/2 - 1,)
@@ -37,23 +43,27 @@ def levels(bits: int) -> Tensor:
 
 
 @functools.cache
-def _table(bits: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def _table(n: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """(levels, midpoints between neighbouring levels) on `device`, built once: encode runs every micro-batch."""
-    lv = levels(bits).to(device)  # (2**bits,)
+    lv = levels(n).to(device)  # (n,)
     return lv, (lv[1:] + lv[:-1]) / 2
 
 
 @dataclass(frozen=True)
 class NormalFloatConfig(OpConfig):
-    """Normal-float quantization, e.g. `nf4`, `nf4:per=block32`, `nf3:stoch`."""
+    """Normal-float quantization, e.g. `nf4`, `nf4:per=block32`, `nf3:stoch`, `nf:40` (40 levels, 5.33 bits)."""
 
     NAME: ClassVar[str] = "nf"
-    FORMS: ClassVar[str] = f"nf<b>[:per=P][:stoch][:scale=S], b in 2..8, P = {PER_FORMS}"
+    POSITIONAL: ClassVar[str | None] = "levels"
+    FORMS: ClassVar[str] = (f"nf<b>[:per=P][:stoch][:scale=S] (2**b levels, b in 2..8) or nf:<L>[...] (L levels, "
+                            f"3..{MAX_LEVELS}), P = {PER_FORMS}")
     EXAMPLES: ClassVar[tuple[str, ...]] = ("nf4", "nf4:per=block32", "nf3:stoch", "nf2:per=tensor", "nf8:scale=fp32",
-                                           "nf4:per=channel:stoch", "nf5:scale=fp16", "nf2:stoch:per=block64")
+                                           "nf4:per=channel:stoch", "nf5:scale=fp16", "nf2:stoch:per=block64",
+                                           "nf:40", "nf:5:stoch", "nf:3:per=block32:stoch", "nf:100:per=channel")
 
-    bits: int = 4
-    """Bits per code, 2..8: 2**bits levels."""
+    levels: int = 16
+    """Number of levels, 3..256 (nf<b> sets 2**b). A power of two packs b bits per code; any other count packs k codes
+    as one base-L number of m bits (bits.level_packing), e.g. 40 levels at 16 bits per 3 codes."""
     per: str = "row"
     """Scale granularity: tensor, row (last dim), channel (per feature over the batch dim), block<N>."""
     stoch: bool = False
@@ -62,22 +72,26 @@ class NormalFloatConfig(OpConfig):
     """Dtype of the per-group absmax on the wire: bf16 (default: fp32 range), fp16 or fp32."""
 
     def __post_init__(self) -> None:
-        if self.bits not in NF_BITS:
-            raise ValueError(f"nf bits={self.bits}; accepted: {', '.join(map(str, NF_BITS))}")
+        if not 3 <= self.levels <= MAX_LEVELS:
+            raise ValueError(f"nf levels={self.levels}; accepted: 3 .. {MAX_LEVELS} (nf<b>: b in "
+                             f"{', '.join(map(str, NF_BITS))})")
         check_per(self.per)
         check_scale(self.scale)
 
     @classmethod
     def from_name(cls, name: str) -> dict[str, Any] | None:
+        if name == cls.NAME:
+            return {}
         m = re.fullmatch(r"nf(\d+)", name)
         if not m:
             return None
         if int(m.group(1)) not in NF_BITS:
-            raise ValueError(f"unsupported bit width in {name!r}; accepted: nf2 .. nf8")
-        return {"bits": int(m.group(1))}
+            raise ValueError(f"unsupported bit width in {name!r}; accepted: nf2 .. nf8, or nf:<levels>")
+        return {"levels": 2 ** int(m.group(1))}
 
     def spec_name(self) -> str:
-        return f"nf{self.bits}"
+        bits = self.levels.bit_length() - 1
+        return f"nf{bits}" if self.levels == 2**bits else self.NAME
 
     def build(self) -> "NormalFloat":
         return NormalFloat(self)
@@ -92,12 +106,12 @@ class NormalFloat(Compressor):
     def wire_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout:
         c = self.config
         groups, _ = group_dims(tuple(shape), c.per)
-        return [TensorSpec((packed_nbytes(TensorSpec(tuple(shape), dtype).numel, c.bits),), torch.uint8),
+        return [TensorSpec((levels_nbytes(TensorSpec(tuple(shape), dtype).numel, c.levels),), torch.uint8),
                 TensorSpec((groups,), SCALE_DTYPES[c.scale])]
 
     def _encode(self, x: Tensor, ctx: Context) -> Payload:
         c = self.config
-        lv, mid = _table(c.bits, x.device)  # (2**bits,), (2**bits - 1,)
+        lv, mid = _table(c.levels, x.device)  # (levels,), (levels - 1,)
         g = to_groups(x, c.per).float()  # (groups, size)
         scale = round_scale(g.abs().amax(dim=1), SCALE_DTYPES[c.scale])  # (groups,), rounded up: |u| <= 1
         if not bool(torch.isfinite(scale).all()):
@@ -110,14 +124,14 @@ class NormalFloat(Compressor):
             noise = torch.rand(u.shape, generator=ctx.generator(x.device, "nf"), device=x.device)
             codes = lo + (noise < p_up)  # (groups, size)
         else:  # the nearest level: bucketize against the midpoints
-            codes = torch.bucketize(u, mid)  # (groups, size), 0..2**bits - 1
+            codes = torch.bucketize(u, mid)  # (groups, size), 0..levels - 1
         codes = from_groups(codes.to(torch.uint8), tuple(x.shape), c.per)  # x.shape
-        return Payload((pack_bits(codes.reshape(-1), c.bits), scale), x.shape, x.dtype)
+        return Payload((pack_levels(codes.reshape(-1), c.levels), scale), x.shape, x.dtype)
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
         c = self.config
         shape = tuple(payload.shape)
-        codes = unpack_bits(payload.tensors[0], c.bits, TensorSpec(shape, payload.dtype).numel).reshape(shape)
-        lv, _ = _table(c.bits, codes.device)
+        codes = unpack_levels(payload.tensors[0], c.levels, TensorSpec(shape, payload.dtype).numel).reshape(shape)
+        lv, _ = _table(c.levels, codes.device)
         g = lv[to_groups(codes, c.per).long()] * payload.tensors[1].float()[:, None]  # (groups, size)
         return from_groups(g, shape, c.per).to(payload.dtype)
