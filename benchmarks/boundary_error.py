@@ -25,7 +25,7 @@ from recipes import data, model as gpt  # noqa: E402
 
 SPECS = ["int8", "int5", "int4", "int4:asym", "int4:rot", "int4:per=block64", "int4:per=block32", "int4:stoch",
          "int3", "int3:stoch", "int3:per=block32", "int2:stoch", "int6", "nf6", "nf5", "nf4", "nf4:per=block64", "nf4:per=block32", "nf4:stoch",
-         "nf3", "nf3:stoch", "nf2:stoch", "nat:bits=4", "fp8", "topk:0.3:per=row>int8", "lowrank:8"]
+         "nf3", "nf3:stoch", "nf2:stoch", "nf:48", "nf:40", "nf:7:stoch", "nf:6:stoch", "nf:5:stoch", "nf:3:stoch", "nat:bits=4", "fp8", "topk:0.3:per=row>int8", "lowrank:8"]
 
 
 def boundary_tensors(run: Path, record: dict, stages: int, rows: int, seq: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
