@@ -37,6 +37,7 @@ import argparse
 import hashlib
 import json
 import math
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,9 @@ def main() -> None:
     where = task_dir(frac)
     tasks = build(args.corpus, where, frac=frac)
     base = evaluate(base_path, base_spec, tasks, where, args.stages, args.limit, cache)
-    report: dict[str, Any] = {"baseline": {"checkpoint": str(base_path), "compress": base_spec}, "held_out_fraction": frac,
+    command = shlex.join(["python", "eval/parity.py", *sys.argv[1:]])
+    report: dict[str, Any] = {"command": command, "baseline": {"checkpoint": str(base_path), "compress": base_spec},
+                              "held_out_fraction": frac,
                               "rule": {"kind": "non-inferiority", "confidence": args.confidence, "margin_rel": args.margin_rel,
                                        "margin_acc": args.margin_acc, "margin_ll": args.margin_ll}, "candidates": []}
     failed = False
@@ -183,7 +186,7 @@ def main() -> None:
         report["candidates"].append({"checkpoint": str(path), "compress": spec, "metrics": rows})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    lines = [f"# Parity report (non-inferiority)\n\nBaseline: `{base_path}` evaluated with `{base_spec}`; tasks from the held-out "
+    lines = [f"# Parity report (non-inferiority)\n\nCommand: `{command}`\n\nBaseline: `{base_path}` evaluated with `{base_spec}`; tasks from the held-out "
              f"{frac:.1%} of every file. A candidate passes a metric when the one-sided {args.confidence:.0%} upper confidence bound "
              f"of its paired mean worsening is within the margin ({args.margin_rel:.0%} relative on bits/byte, "
              f"{args.margin_ll:.0%} on the last word's perplexity, {100 * args.margin_acc:g} point on accuracy). 'worse by' and 'bound' are positive when the candidate is worse.\n",

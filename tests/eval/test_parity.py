@@ -45,8 +45,10 @@ def test_parity_command_passes_identical_and_fails_broken_settings(run_dir, tmp_
            "--limit", "30", "--out", str(tmp_path / "rep")]
     same = subprocess.run(cmd + ["--candidate", f"{out}@identity"], env=env, capture_output=True, text=True, timeout=600)
     assert same.returncode == 0, same.stdout[-2000:] + same.stderr[-2000:]
-    rows = json.loads((tmp_path / "rep.json").read_text())["candidates"][0]["metrics"]
+    rep = json.loads((tmp_path / "rep.json").read_text())
+    rows = rep["candidates"][0]["metrics"]
     assert rows and all(r["delta"] == 0 for r in rows.values())
+    assert rep["command"].startswith("python eval/parity.py --baseline") and f"Command: `{rep['command']}`" in (tmp_path / "rep.md").read_text()
     # the 16-step model guesses the multiple-choice tasks: those accuracies are at chance and do not gate
     assert {k: r["verdict"] for k, r in rows.items() if r["verdict"] != "parity"} == {
         "ppc_fixture_nextline/acc": "at chance", "ppc_fixture_nextline/acc_norm": "at chance", "ppc_fixture_wordorder/acc": "at chance"}
