@@ -132,7 +132,7 @@ LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace
               "ft-ep-base", "ft-ep-act-int4+aqsgd", "ft-ep-act-int4", "ft-ep-act-int2+aqsgd_grad-int3stoch",
               "act-int4_grad-int3stoch-warm100",
               "act-topk0.3row-int8+ef_grad-int8", "act-lowrank8+ef21_grad-int8", "act-nf40_grad-nf5stoch", "topk0.1", "topk0.1+ef",
-              "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.1+aqsgd", "topk0.2", "topk0.3", "act-nf4_grad-nf3stoch",
+              "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.2", "topk0.3", "topk0.1+aqsgd", "act-nf4_grad-nf3stoch",
               "act-int4_grad-int4stoch", "act-int3rot_grad-int4stoch", "subspace48"]
 assert sorted(LONG_ORDER) == sorted([*LONG, *FT_EPOCHS]), "every long setting runs exactly once"
 # protocol -> (names in run order, where the runs go)
