@@ -59,3 +59,11 @@ def test_compared_puts_the_old_verdict_next_to_the_new() -> None:
     row = next(x for x in lines if x.startswith(f"| {findings.Findings.TITLES[1]}"))
     assert row.endswith("| holds | does not hold here |")
     assert sum(x.startswith("|") for x in lines) == 2 + len(findings.Findings.TITLES)  # header, rule, one row each
+
+
+def test_loss_rises_from_top20_needs_top30_within_the_tolerance():
+    runs = {"base": run(5.0), "base-seed1": run(5.0), "topk0.2": run(5.5), "topk0.1": run(6.0)}
+    assert findings.Findings(runs).f6()[0] == "not measured (Top-30% not run)"  # 0.3 might already be worse
+    assert findings.Findings({**runs, "topk0.3": run(5.01)}).f6()[0] == "holds"
+    verdict, text = findings.Findings({**runs, "topk0.3": run(5.3)}).f6()
+    assert verdict == "does not hold as stated" and "First level beyond the tolerance: 0.3" in text
