@@ -100,8 +100,7 @@ def pack_levels(codes: Tensor, levels: int) -> Tensor:
     pad = (-codes.numel()) % k
     if pad:
         codes = torch.cat([codes, codes.new_zeros(pad)])
-    digits = torch.tensor([levels**i for i in range(k)], dtype=torch.int64, device=codes.device)  # (k,)
-    words = (codes.view(-1, k) * digits).sum(1)  # (n / k,), each < 2**m
+    words = (codes.view(-1, k) * _digits(levels, k, codes.device)).sum(1)  # (n / k,), each < 2**m
     q, r = divmod(m, 8)
     low = (words[:, None] >> (8 * torch.arange(q, device=codes.device))) & 0xFF  # (n / k, q)
     parts = [low.to(torch.uint8).reshape(-1)]
@@ -121,8 +120,12 @@ def unpack_levels(packed: Tensor, levels: int, n: int) -> Tensor:
     words = (low << (8 * torch.arange(q, device=packed.device))).sum(1)  # (words,)
     if r:
         words |= unpack_bits(packed[words_n * q:], r, words_n).to(torch.int64) << (8 * q)
-    digits = torch.tensor([levels**i for i in range(k)], dtype=torch.int64, device=packed.device)  # (k,)
-    return ((words[:, None] // digits) % levels).to(torch.uint8).reshape(-1)[:n]
+    return ((words[:, None] // _digits(levels, k, packed.device)) % levels).to(torch.uint8).reshape(-1)[:n]
+
+
+def _digits(levels: int, k: int, device: torch.device) -> Tensor:
+    """(k,) int64 place values levels**i, made on `device` (no host-to-device copy per micro-batch)."""
+    return levels ** torch.arange(k, dtype=torch.int64, device=device)
 
 
 def _shifts(bits: int, device: torch.device) -> Tensor:
