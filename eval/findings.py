@@ -174,12 +174,16 @@ class Findings:
         return ("holds" if first == "0.2" else "does not hold as stated"), first
 
 
+def verdicts(old: Findings, new: Findings) -> list[str]:
+    """The six findings' table: the 120-step verdict next to the 1,000-step one."""
+    return ["| finding | 120 steps | 1,000 steps |", "|---|---|---|",
+            *(f"| {title} | {fo()[0]} | {fn()[0]} |" for title, fo, fn in zip(Findings.TITLES, old.rules(), new.rules()))]
+
+
 def findings_compared(old: Findings, new: Findings) -> list[str]:
-    """The six findings: the 120-step verdict next to the 1,000-step one, then the long study's evidence."""
-    lines = ["| finding | 120 steps | 1,000 steps |", "|---|---|---|"]
+    """The six findings: the verdicts' table, then the long study's evidence for each."""
     details = []
-    for title, fo, fn in zip(Findings.TITLES, old.rules(), new.rules()):
-        (vo, _), (vn, tn) = fo(), fn()
-        lines.append(f"| {title} | {vo} | {vn} |")
-        details += [f"**{title} (1,000 steps): {vn}.** {tn}", ""]
-    return lines + ["", new.lines()[0], "", *details]
+    for title, fn in zip(Findings.TITLES, new.rules()):
+        verdict, text = fn()
+        details += [f"**{title} (1,000 steps): {verdict}.** {text}", ""]
+    return verdicts(old, new) + ["", new.lines()[0], "", *details]

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from eval import epochs, frontier  # noqa: E402
-from eval.findings import LEVELS, Findings, findings_compared  # noqa: E402
+from eval.findings import LEVELS, Findings, findings_compared, verdicts  # noqa: E402
 from eval.study import (COMMON, FINDINGS_RUNS, FINETUNE, FT_COMMON, FT_EP_COMMON, FT_EPOCHS, LONG, LONG_COMMON,  # noqa: E402
                         SETTINGS)
 
@@ -196,6 +196,9 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
         update_readme(args.readme, "frontier", frontier_block(rows))
     made = frontier.plot(rows, rel / "plots" / "long")
     made += curves(long, rel / "plots" / "long", LONG_GROUPS)
+    old, new = Findings({**short, **ft}), Findings(long)
+    if args.readme is not None:
+        update_readme(args.readme, "findings", verdicts(old, new))
     cmds = [p.with_suffix(".md").read_text().splitlines()[0].removeprefix("Command: ") for p in args.e2e if p.with_suffix(".md").exists()]
     return ["## The long study: 1,000 steps (the headline)", "",
             f"Every run: `recipes/pretrain.py {' '.join(LONG_COMMON)} --pp-compress SPEC` (plus the setting's own options) — "
@@ -214,7 +217,7 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
             "base-seed1's own row shows how much of a steps-to-target difference the seed alone makes.", "",
             *frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows)), "",
             *[f"![{m}]({(rel / 'plots' / 'long' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], "",
-            "### The paper's six findings, re-judged", "", *findings_compared(Findings({**short, **ft}), Findings(long)),
+            "### The paper's six findings, re-judged", "", *findings_compared(old, new),
             *(epochs_section(ftep, rel, args.results, args.readme) if ftep else []),
             "### All long-study settings", "", *table(long, LONG, "base"), ""]
 

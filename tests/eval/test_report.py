@@ -61,7 +61,7 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
     out = tmp_path / "RESULTS.md"
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\nbefore\n{report.README_START}\nold table\n{report.README_END}\nafter\n"
-                      + "\n".join(report.markers("finetune-epochs")) + "\n")
+                      + "\n".join(report.markers("finetune-epochs")) + "\n" + "\n".join(report.markers("findings")) + "\n")
     monkeypatch.setattr(sys, "argv", ["report.py", "--from-results", "--results", str(res), "--out", str(out), "--e2e", str(e2e),
                                       "--readme", str(readme)])
     report.main()
@@ -71,6 +71,8 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
     start, end = report.markers("finetune-epochs")
     assert block.split(start, 1)[1].split(end, 1)[0].strip().startswith("| setting | --pp-compress | bits fwd / bwd, epoch 1")
     assert "| speedup 2mbit (r=10.0) |" in block and "**Headline.**" in block
+    start, end = report.markers("findings")
+    assert block.split(start, 1)[1].split(end, 1)[0].strip().startswith("| finding | 120 steps | 1,000 steps |")
     assert text.index("## The long study") < text.index("## History: the short study")
     assert "| speedup 2mbit (r=10.0) |" in text
     steps = 2 + 0.5 / 0.51  # int8 crosses 4.0 between step 2 (4.5) and 3 (3.99)
@@ -87,7 +89,7 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
 
 
 def test_readme_blocks_are_the_committed_results() -> None:
-    """The README's frontier and finetuning tables are rendered from eval/results/*.json, never typed in."""
+    """The README's frontier, finetuning and findings tables are rendered from eval/results, never typed in."""
     rows = json.loads((report.ROOT / "eval" / "results" / "frontier.json").read_text())
     text = (report.ROOT / "README.md").read_text()
     block = text.split(report.README_START, 1)[1].split(report.README_END, 1)[0]
@@ -95,3 +97,6 @@ def test_readme_blocks_are_the_committed_results() -> None:
     start, end = report.markers("finetune-epochs")
     rows = json.loads((report.ROOT / "eval" / "results" / "finetune_epochs.json").read_text())
     assert text.split(start, 1)[1].split(end, 1)[0].strip() == "\n".join(report.epochs_block(rows)).strip()
+    start, end = report.markers("findings")  # the findings' verdicts, as eval/report.py wrote them into RESULTS.md
+    table = text.split(start, 1)[1].split(end, 1)[0].strip()
+    assert table.count("\n") == 7 and table in (report.ROOT / "eval" / "RESULTS.md").read_text()
