@@ -112,8 +112,10 @@ class Findings:
                 rows.append((n, self.d(n), r["val_loss_plain_inference"] - r["val_loss"]))
         if len(rows) < 2:
             return "not measured", ""
-        text = "training quality (delta vs base) / inference without compression (delta vs with): " + \
-               ", ".join(f"{n}: {dl:+.3f} / {gap:+.3f}" for n, dl, gap in rows) + "."
+        text = "training quality (delta vs base, validated with compression) / inference without compression (delta " \
+               "vs with; in brackets vs base): " + ", ".join(f"{n}: {dl:+.3f} / {gap:+.3f} [{dl + gap:+.3f}]" for n, dl, gap in rows) + \
+               ". Error feedback keeps state from one batch to the next, so validating through it on other data " \
+               "measures that state as well as the model; the bracketed deltas are the models alone."
         plain = rows[0][1]
         no_gain = all(dl >= plain - self.tol for n, dl, _ in rows[1:])
         small_drop = all(gap <= self.tol for n, _, gap in rows[1:])

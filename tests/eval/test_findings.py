@@ -41,6 +41,7 @@ def test_topk_at_inference_and_feedback_rules() -> None:
     f = findings.Findings(runs)
     assert f.f3()[0] == "holds"          # 1 nat worse without TopK at inference
     assert f.f4()[0] == "holds"          # no training gain, small drop without compression
+    assert "topk0.1: +0.500 / +1.000 [+1.500]" in f.f4()[1]  # the model alone, without compression, in brackets
     runs["topk0.1+ef"] = run(5.1, 7.6, plain=6.0)
     assert findings.Findings(runs).f4()[0].startswith("partly (a training gain, a large drop")
     assert f.f2()[0] == "does not hold here"  # topk0.1 is 0.5 nats worse
