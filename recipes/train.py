@@ -54,6 +54,9 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
     ap.add_argument("--eval-every", type=int, default=100, help="0 = only at the end")
     ap.add_argument("--eval-batches", type=int, default=8, help="pipeline batches per evaluation")
     ap.add_argument("--save-every", type=int, default=0, help="checkpoint period in steps (0 = only at the end)")
+    ap.add_argument("--keep-checkpoints", type=int, default=2,
+                    help="newest checkpoints kept in <out>/ckpt, older ones deleted once a save completes (0 = keep all): "
+                         "with +aqsgd each holds every sample's reference activations, so they grow with the run")
     ap.add_argument("--resume", action="store_true", help="continue from <out>/ckpt")
     ap.add_argument("--overwrite", action="store_true", help="discard an earlier run's metrics and checkpoints in --out")
     ap.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
@@ -316,6 +319,9 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
             last["t"] = time.perf_counter()  # evaluation time is not training time
         if (args.save_every and step % args.save_every == 0) or step == args.steps:
             engine.save_checkpoint(str(ckpt), client_state={"model": model_cfg})
+            dist.barrier()  # every rank has written its part before any old checkpoint goes
+            if main:
+                prune_checkpoints(ckpt, args.keep_checkpoints)
             last["t"] = time.perf_counter()
     bar.close()
     log.close()
@@ -330,6 +336,20 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(f"done: final val loss {val_loss:.4f}; metrics in {args.out / 'metrics.jsonl'}", file=sys.stderr)
     return summary
+
+
+def prune_checkpoints(ckpt: Path, keep: int) -> list[Path]:
+    """Delete all but the `keep` newest DeepSpeed checkpoints (global_step<N>) in `ckpt`, never the one `latest` names;
+    keep=0 keeps all. Returns what was deleted."""
+    if keep < 0:
+        raise ValueError(f"--keep-checkpoints {keep}; accepted: 0 (keep all) or a positive count")
+    steps = sorted((p for p in ckpt.glob("global_step*") if p.name.removeprefix("global_step").isdigit()),
+                   key=lambda p: int(p.name.removeprefix("global_step")))
+    latest = (ckpt / "latest").read_text().strip() if (ckpt / "latest").exists() else None
+    gone = [p for p in steps[: len(steps) - keep] if p.name != latest] if keep else []
+    for p in gone:
+        shutil.rmtree(p)
+    return gone
 
 
 def _merge(per_rank: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:

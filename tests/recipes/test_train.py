@@ -39,3 +39,17 @@ def test_logger_on_resume_drops_the_rows_logged_after_the_checkpoint(tmp_path):
     assert rows[-1]["loss"] == 0.5
     csv_rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     assert [int(r["step"]) for r in csv_rows] == [10, 20, 30] and float(csv_rows[-1]["loss"]) == 0.5
+
+
+def test_prune_checkpoints_keeps_the_newest_and_the_latest(tmp_path):
+    prune_checkpoints = train.prune_checkpoints
+    for s in (100, 200, 300, 1000):
+        (tmp_path / f"global_step{s}").mkdir()
+    (tmp_path / "latest").write_text("global_step1000")
+    assert [p.name for p in prune_checkpoints(tmp_path, 2)] == ["global_step100", "global_step200"]  # by step, not by name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step1000", "global_step300", "latest"]
+    (tmp_path / "latest").write_text("global_step300")  # never the one `latest` names
+    assert prune_checkpoints(tmp_path, 1) == [] and (tmp_path / "global_step300").is_dir()
+    assert prune_checkpoints(tmp_path, 0) == []
+    with pytest.raises(ValueError, match="--keep-checkpoints -1; accepted: 0"):
+        prune_checkpoints(tmp_path, -1)
