@@ -25,7 +25,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import pp_compress as ppc  # noqa: E402
 from eval import epochs, frontier  # noqa: E402
+from pp_compress.presets import PRESETS  # noqa: E402
 from eval.findings import LEVELS, Findings, findings_compared, verdicts  # noqa: E402
 from eval.study import (COMMON, FINDINGS_RUNS, FINETUNE, FT_COMMON, FT_EP_COMMON, FT_EPOCHS, LONG, LONG_COMMON,  # noqa: E402
                         SETTINGS)
@@ -151,6 +153,25 @@ def frontier_block(rows: list[dict]) -> list[str]:
     return [*frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows))]
 
 
+USER_SETTINGS = ("int8", "safe", "aggressive", "topk:0.1")
+"""The settings the README's "Which setting" table shows: the presets, int8, and the paper's TopK 10%."""
+
+
+def presets_block(rows: list[dict]) -> list[str]:
+    """One line per setting a user picks from: its bits against fp32 and bf16 and its verdicts, from the frontier."""
+    out = ["| `--pp-compress` | stands for | bits/elem fwd / bwd (avg) | fewer bytes than fp32 / bf16 | model | "
+           "final loss vs uncompressed (tolerance) | parity: loss / lm-eval |", "|---|---|---|---|---|---|---|"]
+    for name in USER_SETTINGS:
+        spec = str(ppc.parse_spec(name))
+        for r in (r for r in rows if str(ppc.parse_spec(r["spec"])) == spec and not r["options"] and r["seed"] == 0):
+            lm = r["parity"]["lm_eval"] or "not run"
+            out.append(f"| `{name}` | `{PRESETS.get(name, name)}` | {r['bits_fwd']:.2f} / {r['bits_bwd']:.2f} "
+                       f"({r['bits_avg']:.2f}) | {32 / r['bits_avg']:.1f}x / {16 / r['bits_avg']:.1f}x | "
+                       f"{r.get('model', 'small GPT')} | {r['delta']:+.3f} ({r['tolerance']:.3f}) | "
+                       f"{r['parity']['loss_rule']} / {lm} |")
+    return out
+
+
 def epochs_block(rows: list[dict]) -> list[str]:
     return epochs.table(rows, "ft-ep-base")
 
@@ -194,6 +215,7 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
     rows = frontier.build(args.results / "long", args.e2e, args.results / "frontier.json")
     if args.readme is not None:
         update_readme(args.readme, "frontier", frontier_block(rows))
+        update_readme(args.summary, "presets", presets_block(rows))
     made = frontier.plot(rows, rel / "plots" / "long")
     made += curves(long, rel / "plots" / "long", LONG_GROUPS)
     old, new = Findings({**short, **ft}), Findings(long)
@@ -230,8 +252,10 @@ def main() -> None:
     ap.add_argument("--e2e", type=Path, nargs="+", default=frontier.E2E, help="e2e.py CSVs (eval/frontier.py)")
     ap.add_argument("--out", type=Path, default=ROOT / "eval" / "RESULTS.md")
     ap.add_argument("--from-results", action="store_true", help="rebuild from eval/results only")
-    ap.add_argument("--readme", type=Path, default=ROOT / "README.md", help="whose frontier block to rewrite")
-    ap.add_argument("--no-readme", dest="readme", action="store_const", const=None)
+    ap.add_argument("--readme", type=Path, default=ROOT / "docs" / "results.md",
+                    help="whose frontier, findings and finetuning blocks to rewrite")
+    ap.add_argument("--summary", type=Path, default=ROOT / "README.md", help="whose presets block to rewrite")
+    ap.add_argument("--no-readme", dest="readme", action="store_const", const=None, help="rewrite neither")
     args = ap.parse_args()
     if not args.from_results:
         copy_runs(args.runs, args.results)

@@ -79,13 +79,20 @@ class CompressionBoundary(nn.Module):
         spec = TensorSpec(tuple(x.shape), x.dtype)
         if not self.training:
             where = Where(self.boundary, "act", self.step, training=False)
-            return _roundtrip(self.policy.plan(spec, where), x, self.policy.context(where, 0, sample_ids, name=self.name),
-                              self.stats["eval"])
+            return _roundtrip(self._plan(spec, where, "eval"), x,
+                              self.policy.context(where, 0, sample_ids, name=self.name), self.stats["eval"])
         step, self.step = self.step, self.step + 1
         act_w, grad_w = Where(self.boundary, "act", step), Where(self.boundary, "grad", step)
-        return compressed_boundary(x, self.policy.plan(spec, act_w), self.policy.plan(spec, grad_w),
+        return compressed_boundary(x, self._plan(spec, act_w, "act"), self._plan(spec, grad_w, "grad"),
                                    self.policy.context(act_w, 0, sample_ids, name=self.name),
                                    self.policy.context(grad_w, 0, sample_ids, name=self.name), self.stats)
+
+    def _plan(self, spec: TensorSpec, where: Where, key: str) -> Compressor | None:
+        """The policy's operator for this tensor, counted in the statistics (a gradient is counted when its forward
+        runs: it will cross with the same shape)."""
+        op = self.policy.plan(spec, where)
+        self.policy.account([spec], [op], where, self.stats[key], name=self.name)
+        return op
 
     def get_extra_state(self) -> dict[str, Any]:
         return {"step": self.step, **self.policy.state_dict()}

@@ -1,4 +1,39 @@
-"""`pp_compress.deepspeed.initialize(...)`: see pp_compress/integrations/deepspeed.py (imports deepspeed)."""
-from .integrations.deepspeed import CompressedPipelineEngine, add_argparse_args, disable, enable, initialize, resolve_config
+"""pp_compress for DeepSpeed pipeline jobs: compressed activations and activation-gradients between stages.
 
-__all__ = ["CompressedPipelineEngine", "add_argparse_args", "disable", "enable", "initialize", "resolve_config"]
+Three ways in, all with the same spec grammar (`pp_compress.parse_spec`):
+
+1. `initialize`, a drop-in for `deepspeed.initialize` with a `PipelineModule`:
+
+       import pp_compress.deepspeed as ppd
+       parser = ppd.add_argparse_args(argparse.ArgumentParser())    # --pp-compress SPEC, checked while parsing
+       deepspeed.add_config_arguments(parser)
+       args = parser.parse_args()
+       ppd.check_args(args)          # the config's "pp_compress" section too, before any work: one message, exit 2
+       engine, optimizer, _, _ = ppd.initialize(model=pipe_module, config=args.deepspeed_config,
+                                                compression=args.pp_compress,      # None: the config's section
+                                                model_parameters=pipe_module.parameters())
+       engine.train_batch(data_iter)
+       engine.pp_compress_stats()    # per boundary and direction: raw / wire bytes, ratio, relative error
+       ppd.finish()                  # barrier, tear the process group down, exit 0
+
+2. `enable()`, one line for Megatron-DeepSpeed or any script that calls `deepspeed.initialize` itself: a pipeline
+   whose DeepSpeed config has a "pp_compress" section gets the compressed engine; everything else runs stock.
+
+3. The config section alone, with either of the above:
+
+       "pp_compress": {"activations": "nf6", "gradients": "int3:stoch", "warmup_steps": 0, "min_numel": 1024}
+
+   or a preset: `"pp_compress": "safe"` / `--pp-compress safe` (see `pp_compress.presets`).
+
+Keys of the section (`CompressionConfig`): activations, gradients, eval, warmup_steps, min_numel, seed, nonfinite,
+error_every, batch_dim (1 for Megatron's [seq, batch, hidden]), boundaries. Unknown keys are errors.
+
+The engine also saves and loads its compression state with DeepSpeed checkpoints, checks at start that every rank
+runs the same config, and logs its statistics every `steps_per_print` steps. Only
+`pp_compress/integrations/deepspeed.py` imports deepspeed; this module is its public face.
+"""
+from .integrations.deepspeed import CompressedPipelineEngine, add_argparse_args, disable, enable, initialize
+from .runtime import check_args, finish, resolve_config
+
+__all__ = ["CompressedPipelineEngine", "add_argparse_args", "check_args", "disable", "enable", "finish", "initialize",
+           "resolve_config"]

@@ -98,10 +98,11 @@ class StageCompression:
             self._act_floats[where.boundary] = [(i, seen[i][0] if i in seen else s.shape) for i, s in enumerate(specs)
                                                 if s.dtype.is_floating_point]
         ids = sample_ids if sample_ids is not None else sample_ids_of(tensors)
-        out = []
+        out, ops = [], []
         for i in wire_order(specs):
             t = tensors[i]
             op, ctx = self._plan(specs[i], where, i, ids, seen.get(i))
+            ops.append(op)
             raw = t.numel() * t.element_size()
             if op is None:
                 out.append((i, _wire(t.contiguous())))
@@ -116,6 +117,7 @@ class StageCompression:
             if self.cfg.error_every and where.micro_batch == 0 and where.step % self.cfg.error_every == 0:
                 stats.record_error(t, op.estimate(payload, ctx))
             out.append((i, buf))
+        self.policy.account(specs, ops, where, stats)
         return out
 
     @staticmethod

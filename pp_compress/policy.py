@@ -4,6 +4,7 @@ statistics key. The pipeline (`pipe.StageCompression`, under any engine) and the
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,8 +12,12 @@ from torch import Tensor
 
 from .config import CompressionConfig
 from .ops.base import FLOAT_DTYPES, Compressor, Context, TensorSpec
+from .stats import DirectionStats
 
 DIRECTIONS = ("act", "grad")
+NOOP_WARN_AFTER = 8
+"""Messages a boundary sends under a compressing spec, none of them compressed, before it warns that the setting does
+nothing there (a few, so one odd message does not warn; few enough to warn within the first step)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,34 @@ class BoundaryPolicy:
         if spec.dtype not in FLOAT_DTYPES or not self.cfg.compresses(spec.numel, spec.dtype, where.step, where.training):
             return None
         return self.op(where.boundary, where.direction, where.training)
+
+    def account(self, specs: list[TensorSpec], ops: list[Compressor | None], where: Where, stats: DirectionStats,
+                name: str | None = None) -> None:
+        """Count one message (the tensors of one tuple and the operator each got) in `stats`, and warn once when a
+        compressing spec has done nothing for NOOP_WARN_AFTER messages: every float tensor was below min_numel, or
+        none was floating point. Warm-up and identity specs are intended and never warn."""
+        stats.compressed += sum(op is not None for op in ops)
+        if any(op is not None for op in ops) or self.op(where.boundary, where.direction, where.training) is None:
+            return
+        if where.training and where.step < self.cfg.warmup_steps:
+            return
+        floats = [s for s in specs if s.dtype in FLOAT_DTYPES]
+        stats.skipped += 1
+        stats.skip_reason = "below min_numel" if floats else "no floating-point tensors"
+        if stats.compressed or stats.skipped != NOOP_WARN_AFTER:
+            return
+        spec = self.cfg.spec_for(where.boundary, where.direction, where.training)
+        what = f"{name or f'boundary{where.boundary}'}.{where.direction}"
+        if floats:
+            big = max(floats, key=lambda s: s.numel)
+            why = (f"its largest float tensor has {big.numel} elements (shape {tuple(big.shape)}), below "
+                   f"min_numel={self.cfg.min_numel}. To compress it, lower min_numel to {big.numel} or less: "
+                   f"'{self.cfg},min_numel=0' on the command line, or \"min_numel\": 0 in the \"pp_compress\" section "
+                   "(tensors this small cost mostly latency on the wire, so compression gains little there)")
+        else:
+            why = "no tensor it sends is floating point, and only floating-point tensors are compressed"
+        warnings.warn(f"pp_compress {what}: {stats.skipped} messages sent with {spec} and none was compressed: {why}",
+                      RuntimeWarning, stacklevel=2)
 
     def context(self, where: Where, tensor: int = 0, sample_ids: Tensor | None = None, batch_dim: int | None = None,
                 name: str | None = None) -> Context:

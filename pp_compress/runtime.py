@@ -4,10 +4,12 @@ goes next to a checkpoint. (Operators never touch torch.distributed; this module
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as tdist
@@ -41,6 +43,60 @@ def resolve_config(config: dict | str | None, compression: CompressionConfig | s
     if isinstance(chosen, dict):
         return rest, CompressionConfig.from_dict(chosen)
     raise TypeError(f"compression={chosen!r}; accepted: a spec string, a dict like the '{SECTION}' section, or CompressionConfig")
+
+
+def launch_rank() -> int:
+    """This process's global rank as the launcher set it (RANK; torchrun and the deepspeed launcher both set it),
+    readable before torch.distributed starts; 0 without a launcher."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def exit_once(message: str, status: int = 2) -> NoReturn:
+    """Stop every rank of a job that cannot start, with one message: rank 0 prints it, the others exit quietly (each
+    would print the same text), all with `status`. Before any process-group work, so no collective can hang."""
+    if launch_rank() == 0:
+        print(f"error: {message}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    raise SystemExit(status)
+
+
+def spec_arg(value: str) -> str:
+    """argparse `type=` of --pp-compress: the spec is parsed when the command line is, so a bad one stops the job in its
+    first second with one message (`exit_once`; argparse's usage block would repeat on every rank). Returns the text
+    unchanged."""
+    try:
+        parse_spec(value)
+    except ValueError as e:
+        exit_once(f"--pp-compress {value!r}: {e}")
+    return value
+
+
+def check_args(args: argparse.Namespace, config: dict | str | None = None) -> CompressionConfig:
+    """The compression a parsed command line asks for: `--pp-compress` (args.pp_compress) over the "pp_compress" section
+    of `config`, else of `--deepspeed_config` (args.deepspeed_config). Call it right after parse_args, before building
+    anything: a missing file, bad JSON or a bad section stops the job with one message (`exit_once`)."""
+    if config is None:
+        config = getattr(args, "deepspeed_config", None)
+    try:
+        return resolve_config(config, getattr(args, "pp_compress", None))[1]
+    except (OSError, json.JSONDecodeError, ValueError, TypeError) as e:
+        where = f" (DeepSpeed config {config})" if isinstance(config, str) else ""
+        exit_once(f"pp_compress{where}: {e}")
+
+
+def finish(status: int = 0) -> NoReturn:
+    """End a finished distributed job cleanly: wait for every rank, tear the process group down, flush, and end the
+    process without running C++ destructors. gloo's threads can abort a rank at exit ("terminate called without an
+    active exception", SIGABRT) after all its work is done, which turns a finished run into a failed job; extra process
+    groups (tensor parallelism, DeepSpeed's grid) made it happen even after destroy_process_group. Write and close
+    every output before calling it: nothing runs after it."""
+    if tdist.is_initialized():
+        tdist.barrier()
+        tdist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def check_same_config(cfg: CompressionConfig, group: Any = None) -> None:

@@ -21,6 +21,18 @@ class DirectionStats:
     ref_sq: float = 0.0
     saturated: int = 0
     """Elements an error-feedback wrapper clipped to the input dtype's range (its state keeps the rest)."""
+    compressed: int = 0
+    """Float tensors that went through the operator."""
+    skipped: int = 0
+    """Messages the configured (non-identity) operator left uncompressed for a reason the user can change: every
+    float tensor below min_numel, or no float tensor at all. Warm-up steps are intended and not counted."""
+    skip_reason: str = ""
+    """Why the last skipped message was skipped, e.g. "below min_numel"."""
+
+    @property
+    def noop(self) -> bool:
+        """Messages were sent under a compressing spec and none was compressed: the setting did nothing here."""
+        return self.skipped > 0 and self.compressed == 0
 
     @property
     def ratio(self) -> float:
@@ -54,6 +66,9 @@ class DirectionStats:
             "compress_s": round(self.compress_s, 6),
             "decompress_s": round(self.decompress_s, 6),
             "saturated": self.saturated,
+            "compressed": self.compressed,
+            "skipped": self.skipped,
+            "note": f"skipped ({self.skip_reason})" if self.noop else "",
             "err_sq": self.err_sq,
             "ref_sq": self.ref_sq,
         }
@@ -65,9 +80,9 @@ def format_table(rows: dict[str, DirectionStats] | dict[str, dict[str, Any]]) ->
     lines = [head, "-" * len(head)]
     for name, row in rows.items():
         s = _Row(row) if isinstance(row, dict) else row
-        lines.append(
-            f"{name:<12} {s.calls:>6} {s.raw_bytes / 1e6:>9.2f} {s.wire_bytes / 1e6:>9.2f} {s.ratio:>7.2f} {s.rel_error:>8.4f}"
-        )
+        sizes = f"{name:<12} {s.calls:>6} {s.raw_bytes / 1e6:>9.2f} {s.wire_bytes / 1e6:>9.2f}"
+        note = s.note if isinstance(row, dict) else (f"skipped ({s.skip_reason})" if s.noop else "")
+        lines.append(f"{sizes}  {note}" if note else f"{sizes} {s.ratio:>7.2f} {s.rel_error:>8.4f}")
     return "\n".join(lines)
 
 
@@ -75,4 +90,5 @@ class _Row:
     """Attribute access to an as_dict() row, for format_table."""
 
     def __init__(self, row: dict[str, Any]) -> None:
+        self.note = ""  # rows written before the note existed
         self.__dict__.update(row)

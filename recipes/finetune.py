@@ -33,6 +33,7 @@ def main() -> None:
                     help="train on the first N sequences only (a small set seen for several epochs); 0 = all")
     train.add_args(ap, steps=100, lr=5e-5)
     args = ap.parse_args()
+    train.check_args(args)
     train.init_distributed()
     ckpt = args.checkpoint or train.rank0_first(convert)
     cfg = GPTConfig.from_hf(ckpt)

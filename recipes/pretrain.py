@@ -1,6 +1,7 @@
 """Pretrain a Megatron-style GPT from scratch over a compressed DeepSpeed pipeline, offline.
 
-    deepspeed --num_gpus 2 recipes/pretrain.py --pp-compress topk:0.1 --out runs/pretrain
+    deepspeed --num_gpus 2 recipes/pretrain.py --pp-compress safe --out runs/pretrain
+    deepspeed --num_gpus 2 recipes/pretrain.py --pp-compress topk:0.1 --out runs/topk   # the paper's; measured worse
     torchrun --nproc_per_node 4 recipes/pretrain.py --stages 4 --pp-compress "act=int8,grad=topk:0.3+ef" --out runs/p4
 
 On a CPU machine `--num_gpus N` starts N processes (gloo). Text: a public-domain corpus fetched once
@@ -36,6 +37,7 @@ def main() -> None:
                          "exchange k coordinates + token ids instead of d values; auto = d_model / 16")
     train.add_args(ap, steps=300, lr=1e-3)
     args = ap.parse_args()
+    train.check_args(args)
     train.init_distributed()
 
     def prepare() -> tuple:

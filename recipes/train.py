@@ -82,18 +82,10 @@ def init_distributed() -> None:
 
 
 def finish() -> None:
-    """Leave cleanly: wait for every rank, tear the process groups down, then end the process without running C++
-    destructors. gloo's threads can abort a rank at exit ("terminate called without an active exception", SIGABRT)
-    after all its work is done, which turns a finished run into a failed job; the extra process groups of tensor
-    parallelism made it happen even after destroy_process_group. Every output is written and flushed before this."""
-    import torch.distributed as dist
+    """Leave cleanly (pp_compress.runtime.finish): barrier, tear the process groups down, exit 0."""
+    from pp_compress.runtime import finish as leave
 
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave()
 
 
 def rank0_first(fn: Any, *a: Any, **kw: Any) -> Any:
@@ -122,10 +114,55 @@ def warn_if_slow_bf16(bf16: bool, cpuinfo: str | None = None) -> None:
                       "than fp32 here (57x measured on an AMD EPYC); drop --bf16 on this machine", RuntimeWarning, stacklevel=2)
 
 
+def config_path(args: argparse.Namespace) -> Path:
+    """--deepspeed_config, else the ready config for this machine."""
+    return Path(args.deepspeed_config or CONFIGS / ("gpu_nccl.json" if torch.cuda.is_available() else "cpu_gloo.json"))
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Everything that can be checked on the command line, before any process work or any write to --out: the
+    compression (--pp-compress over the config's section; one message and exit 2 if bad), the run directory, and a
+    one-time note when the setting is one the committed frontier measured as worse than uncompressed."""
+    from pp_compress.runtime import check_args as check_compression, exit_once, launch_rank
+
+    cfg = check_compression(args, str(config_path(args)))
+    out = getattr(args, "out", None)
+    if out is not None and not (getattr(args, "resume", False) or getattr(args, "overwrite", False)):
+        old = [p.name for p in (out / "metrics.jsonl", out / "ckpt") if p.exists()]
+        if old:
+            exit_once(f"{out} holds an earlier run ({', '.join(old)}): pass --resume to continue it, --overwrite to "
+                      "discard it, or another --out")
+    advice = measured_advice(cfg)
+    if advice and launch_rank() == 0:
+        print(f"pp_compress: {advice}", file=sys.stderr)
+
+
+def measured_advice(cfg: Any, frontier: Path = ROOT / "eval" / "results" / "frontier.json") -> str | None:
+    """What the committed frontier measured for this exact setting, when it was worse than uncompressed, with the
+    preset to use instead; None when it was not measured or was at parity."""
+    from pp_compress import parse_spec
+    from pp_compress.presets import PRESETS
+
+    if not frontier.exists():
+        return None
+    rows = json.loads(frontier.read_text())
+    same = [r for r in rows if str(parse_spec(r["spec"])) == str(cfg)]
+    bad = [r for r in same if r["parity"]["loss_rule"] == "worse"]
+    if not bad:
+        return None
+    r = bad[0]
+    safe = next((s for s in rows if str(parse_spec(s["spec"])) == str(parse_spec("safe"))), None)
+    instead = (f"'safe' ({PRESETS['safe']}) is at parity there with {safe['bits_avg']:.1f} bits per element "
+               f"({32 / safe['bits_avg']:.1f}x fewer bytes than fp32, delta {safe['delta']:+.3f})" if safe
+               else f"'safe' ({PRESETS['safe']}) is the preset at parity")
+    return (f"{cfg} was measured worse than uncompressed in the committed frontier ({frontier.relative_to(ROOT)}, "
+            f"{r.get('model', 'small GPT')}): {r['bits_avg']:.1f} bits per element, final validation loss "
+            f"{r['delta']:+.3f} against a tolerance of {r['tolerance']:.3f}, never reaching the baseline's loss. {instead}.")
+
+
 def ds_config(args: argparse.Namespace, dp: int) -> dict[str, Any]:
-    """The JSON config (--deepspeed_config, else the ready one for this machine) with the CLI's sizes."""
-    path = args.deepspeed_config or CONFIGS / ("gpu_nccl.json" if torch.cuda.is_available() else "cpu_gloo.json")
-    cfg = json.loads(Path(path).read_text())
+    """The JSON config (`config_path`) with the CLI's sizes."""
+    cfg = json.loads(config_path(args).read_text())
     warmup = args.warmup if args.warmup is not None else max(1, args.steps // 20)
     cfg.update(train_micro_batch_size_per_gpu=args.micro_batch, gradient_accumulation_steps=args.grad_accum,
                train_batch_size=args.micro_batch * args.grad_accum * dp,
@@ -362,8 +399,10 @@ def _merge(per_rank: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any
                 out[key] = dict(r)
                 continue
             m = out[key]
-            for f in ("calls", "raw_bytes", "wire_bytes", "compress_s", "decompress_s", "err_sq", "ref_sq", "saturated"):
+            for f in ("calls", "raw_bytes", "wire_bytes", "compress_s", "decompress_s", "err_sq", "ref_sq", "saturated",
+                      "compressed", "skipped"):
                 m[f] += r[f]
+            m["note"] = (m["note"] or r["note"]) if not m["compressed"] else ""
             m["ratio"] = round(m["raw_bytes"] / m["wire_bytes"], 4) if m["wire_bytes"] else 1.0
             m["rel_error"] = round((m["err_sq"] / m["ref_sq"]) ** 0.5, 6) if m["ref_sq"] else float("nan")
     return out

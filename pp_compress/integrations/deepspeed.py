@@ -32,7 +32,7 @@ from deepspeed.utils import logger
 from ..config import CompressionConfig
 from ..ops.base import TensorSpec
 from ..pipe import StageCompression, View, sample_ids_of
-from ..runtime import SECTION, check_same_config, load_json, load_state, resolve_config, save_state
+from ..runtime import SECTION, check_same_config, load_json, load_state, resolve_config, save_state, spec_arg
 from ..stats import format_table
 
 
@@ -161,6 +161,11 @@ class CompressedPipelineEngine(PipelineEngine):
         boundary and direction ("b0.act", "b0.grad", "b0.act_eval")."""
         return {k: v.as_dict() for k, v in self.pp_compress.stats.items() if v.calls or v.decompress_s}
 
+    def pp_compress_report(self) -> str:
+        """This stage's counters as a table (what `train_batch` logs every steps_per_print steps)."""
+        rows = {k: v for k, v in self.pp_compress.stats.items() if v.calls}
+        return f"pp_compress stage {self.stage_id} step {self.global_steps}\n{format_table(rows)}"
+
     def pp_compress_config(self) -> CompressionConfig:
         """The compression config this engine runs."""
         return self.pp_compress.cfg
@@ -169,8 +174,7 @@ class CompressedPipelineEngine(PipelineEngine):
         loss = super().train_batch(data_iter)
         every = self.steps_per_print()
         if every and self.global_steps % every == 0 and self.grid.data_parallel_id == 0:
-            rows = {k: v for k, v in self.pp_compress.stats.items() if v.calls}
-            logger.info(f"pp_compress stage {self.stage_id} step {self.global_steps}\n{format_table(rows)}")
+            logger.info(self.pp_compress_report())
         return loss
 
     # --- checkpoints: one file of compression state per global rank ---------------------------
@@ -246,7 +250,9 @@ def _stock_initialize() -> Any:
 
 
 def add_argparse_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds --pp-compress SPEC (overrides the config's "pp_compress" section)."""
-    parser.add_argument("--pp-compress", dest="pp_compress", default=None, metavar="SPEC",
-                        help="e.g. topk:0.1 or 'act=int8,grad=topk:0.1+ef'; wins over the config's \"pp_compress\" section")
+    """Adds --pp-compress SPEC (wins over the config's "pp_compress" section). The spec is validated while the command
+    line is parsed: a bad one stops the job at once with one message. Validate the config section too right after
+    parsing, with `check_args(args)`."""
+    parser.add_argument("--pp-compress", dest="pp_compress", default=None, metavar="SPEC", type=spec_arg,
+                        help="e.g. safe, int8 or 'act=int8,grad=int3:stoch'; wins over the config's \"pp_compress\" section")
     return parser

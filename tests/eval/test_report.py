@@ -62,8 +62,10 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\nbefore\n{report.README_START}\nold table\n{report.README_END}\nafter\n"
                       + "\n".join(report.markers("finetune-epochs")) + "\n" + "\n".join(report.markers("findings")) + "\n")
+    summary = tmp_path / "SUMMARY.md"
+    summary.write_text("\n".join(report.markers("presets")) + "\n")
     monkeypatch.setattr(sys, "argv", ["report.py", "--from-results", "--results", str(res), "--out", str(out), "--e2e", str(e2e),
-                                      "--readme", str(readme)])
+                                      "--readme", str(readme), "--summary", str(summary)])
     report.main()
     text = out.read_text()
     block = readme.read_text()
@@ -89,9 +91,13 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
 
 
 def test_readme_blocks_are_the_committed_results() -> None:
-    """The README's frontier, finetuning and findings tables are rendered from eval/results, never typed in."""
+    """The README's presets table and docs/results.md's frontier, finetuning and findings tables are rendered from
+    eval/results, never typed in."""
     rows = json.loads((report.ROOT / "eval" / "results" / "frontier.json").read_text())
-    text = (report.ROOT / "README.md").read_text()
+    start, end = report.markers("presets")
+    summary = (report.ROOT / "README.md").read_text().split(start, 1)[1].split(end, 1)[0].strip()
+    assert summary == "\n".join(report.presets_block(rows)).strip() and "| `safe` |" in summary
+    text = (report.ROOT / "docs" / "results.md").read_text()
     block = text.split(report.README_START, 1)[1].split(report.README_END, 1)[0]
     assert block.strip() == "\n".join(report.frontier_block(rows)).strip()
     start, end = report.markers("finetune-epochs")

@@ -53,3 +53,13 @@ def test_prune_checkpoints_keeps_the_newest_and_the_latest(tmp_path):
     assert prune_checkpoints(tmp_path, 0) == []
     with pytest.raises(ValueError, match="--keep-checkpoints -1; accepted: 0"):
         prune_checkpoints(tmp_path, -1)
+
+
+def test_a_setting_the_frontier_measured_worse_gets_advice_naming_safe():
+    from pp_compress import parse_spec
+
+    advice = train.measured_advice(parse_spec("topk:0.1"))
+    assert advice is not None and "'safe'" in advice and "worse than uncompressed" in advice
+    assert "eval/results/frontier.json" in advice
+    assert train.measured_advice(parse_spec("safe")) is None  # at parity
+    assert train.measured_advice(parse_spec("int8:per=block32")) is None  # never measured

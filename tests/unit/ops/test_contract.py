@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pp_compress as ppc
+from pp_compress.ops.base import layout_nbytes
 from pp_compress.wire import from_buffer, to_buffer
 from tests.conftest import DTYPES, FEEDBACK_SPECS, OP_SPECS
 
@@ -51,7 +52,7 @@ def test_shape_dtype_device_and_exact_bytes(spec, dtype):
         y = op.decompress(p, ctx)
         assert y.shape == x.shape and y.dtype == x.dtype and y.device == x.device
         assert p.layout == layout, (spec, shape)
-        assert p.nbytes == sum(t.numel() * t.element_size() for t in p.tensors) == ppc.layout_nbytes(layout)
+        assert p.nbytes == sum(t.numel() * t.element_size() for t in p.tensors) == layout_nbytes(layout)
         assert torch.isfinite(y.float()).all()
 
 

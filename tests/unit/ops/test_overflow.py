@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import pp_compress as ppc
+from pp_compress.ops.base import layout_nbytes
 from tests.conftest import DTYPES, FEEDBACK_SPECS, OP_SPECS
 
 MAGNITUDES = {"tiny": 1e-30, "one": 1.0, "half-max": None, "zeros": 0.0}
@@ -26,7 +27,7 @@ def test_output_is_finite_or_a_named_error(spec, dtype, magnitude):
         try:
             layout = op.wire_layout(x.shape, x.dtype, ctx)
             p = op.compress(x, ctx)
-            assert p.nbytes == ppc.layout_nbytes(layout) and p.layout == layout
+            assert p.nbytes == layout_nbytes(layout) and p.layout == layout
             y = op.decompress(p, ctx)
         except FloatingPointError as e:
             assert "boundary2.grad" in str(e) and str(dtype).split(".")[-1] in str(e), str(e)
