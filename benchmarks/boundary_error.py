@@ -6,6 +6,10 @@ places them for --stages) it takes what the pipeline would send: the activation 
 ||x - x_hat|| / ||x|| averaged over the cuts. Use it to choose a spec for your own model before training with it.
 
     python benchmarks/boundary_error.py --run runs/study_long/base --stages 4   # -> benchmarks/results/boundary_error_base.md
+    python benchmarks/boundary_error.py --run .cache/models/SmolLM2-135M-Instruct --corpus austen --stages 4 \
+        --out benchmarks/results/boundary_error_smollm2.md     # a transformers folder (make models) on a corpus
+
+Each cut's error is also listed on its own (--per-cut), since a LLaMA model's outlier channels grow with depth.
 """
 from __future__ import annotations
 
@@ -23,16 +27,17 @@ from eval.lm import load_model, stage_cuts  # noqa: E402
 from op_table import describe, markdown  # noqa: E402
 from recipes import data, model as gpt  # noqa: E402
 
-SPECS = ["int8", "int5", "int4", "int4:asym", "int4:rot", "int4:per=block64", "int4:per=block32", "int4:stoch",
+SPECS = ["int8", "int8:rot", "tile:3.5", "tile:3", "tile:4:lo=4", "tile:3.5:pivots=0", "tile:3.5:rot=false",
+         "tile:3.5:asym", "tile:3:lo=2:hi=4", "tile:2.5:lo=2:hi=3", "tile:3:stoch", "tile:2:lo=2:hi=2:stoch", "int5", "int4", "int4:asym", "int4:rot", "int4:per=block64", "int4:per=block32", "int4:stoch",
          "int3", "int3:stoch", "int3:per=block32", "int2:stoch", "int6", "nf6", "nf5", "nf4", "nf4:per=block64", "nf4:per=block32", "nf4:stoch",
          "nf3", "nf3:stoch", "nf2:stoch", "nf:48", "nf:40", "nf:7:stoch", "nf:6:stoch", "nf:5:stoch", "nf:3:stoch", "nat:bits=4", "fp8", "topk:0.3:per=row>int8", "lowrank:8"]
 
 
-def boundary_tensors(run: Path, record: dict, stages: int, rows: int, seq: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """(activations, activation-gradients) at each stage cut, on `rows` x `seq` held-out tokens of the run's corpus
-    (`record`: the run's run.json)."""
+def boundary_tensors(run: Path, corpus: str, frac: float, stages: int, rows: int,
+                     seq: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(activations, activation-gradients) at each stage cut, on `rows` x `seq` held-out tokens of `corpus` (the
+    last `frac` of every file)."""
     model, tok, trained_seq = load_model(run)
-    corpus, frac = record["args"]["corpus"], data.run_val_fraction(run) or data.VAL_FRACTION
     val = data.lm_datasets(data.corpus_files(corpus), tok, min(seq, trained_seq), frac)[1]
     batch = val.select(range(min(rows, len(val))))
     ids, labels = torch.tensor(batch["input_ids"]), torch.tensor(batch["labels"])  # (rows, seq) each
@@ -48,39 +53,53 @@ def boundary_tensors(run: Path, record: dict, stages: int, rows: int, seq: int) 
     return [a.detach() for a in acts], [a.grad for a in acts]
 
 
-def row(spec: str, tensors: list[torch.Tensor]) -> list[str]:
+def row(spec: str, tensors: list[torch.Tensor], per_cut: bool = False) -> list[str]:
     op, errs, bits = ppc.build(spec), [], []
     for i, t in enumerate(tensors):
         ctx = ppc.Context(boundary=i, seed=i)
         y, p = op.roundtrip(t, ctx)
         errs.append(((t - y).norm() / t.norm()).item())
         bits.append(p.nbytes * 8 / t.numel())
-    return [f"`{spec}`", f"{sum(bits) / len(bits):.3f}", f"{sum(errs) / len(errs):.4f}"]
+    cells = [f"`{spec}`", f"{sum(bits) / len(bits):.3f}", f"{sum(errs) / len(errs):.4f}"]
+    return cells + [f"{e:.4f}" for e in errs] if per_cut else cells
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--run", type=Path, required=True, help="a recipe run directory with a checkpoint")
+    ap.add_argument("--run", type=Path, required=True, help="a recipe run directory with a checkpoint, or a transformers folder")
     ap.add_argument("--stages", type=int, default=4, help="where the cuts are: as DeepSpeed partitions this many stages")
     ap.add_argument("--rows", type=int, default=16, help="held-out sequences")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--spec", action="append", default=None, help=f"repeatable (default: {' '.join(SPECS)})")
     ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results/boundary_error_<run name>.md")
+    ap.add_argument("--corpus", default=None, help="held-out text to run (default: a pretraining run's own corpus; "
+                                                   "needed for a transformers folder)")
+    ap.add_argument("--per-cut", action="store_true", help="also one error column per cut")
     args = ap.parse_args()
     record = data.run_record(args.run)
-    if record is None or not (args.run / "ckpt" / "latest").exists():
-        ap.error(f"--run {args.run}: not a recipe run with a checkpoint (run.json and ckpt/latest)")
-    if "corpus" not in record["args"]:
-        ap.error(f"--run {args.run}: not a pretraining run (recipes/pretrain.py records its --corpus, whose held-out text "
-                 "this reads)")
+    if record is not None:
+        if not (args.run / "ckpt" / "latest").exists():
+            ap.error(f"--run {args.run}: a recipe run without a checkpoint (ckpt/latest)")
+        corpus = args.corpus or record["args"].get("corpus")
+        frac = data.run_val_fraction(args.run) or data.VAL_FRACTION
+    elif (args.run / "config.json").exists():
+        corpus, frac = args.corpus, data.VAL_FRACTION
+    else:
+        ap.error(f"--run {args.run}: neither a recipe run (run.json) nor a transformers folder (config.json)")
+    if corpus not in data.CORPORA:
+        ap.error(f"--corpus {corpus!r}: accepted: {', '.join(data.CORPORA)} (a finetuning run or a transformers folder "
+                 "has no pretraining corpus of its own)")
     torch.manual_seed(0)
-    acts, grads = boundary_tensors(args.run, record, args.stages, args.rows, args.seq)
+    acts, grads = boundary_tensors(args.run, corpus, frac, args.stages, args.rows, args.seq)
     specs = args.spec or SPECS
-    header = ["spec", "bits/element", "rel. error, mean over cuts"]
-    tables = [markdown(header, [row(s, ts) for s in specs]) for ts in (acts, grads)]
+    cut_cols = [f"cut {i + 1}" for i in range(len(acts))] if args.per_cut else []
+    header = ["spec", "bits/element", "rel. error, mean over cuts", *cut_cols]
+    tables = [markdown(header, [row(s, ts, args.per_cut) for s in specs]) for ts in (acts, grads)]
     command = " ".join(["python", "benchmarks/boundary_error.py", *sys.argv[1:]])
+    cuts = ", ".join(f"after block {c}" for c in stage_cuts(load_model(args.run)[0].cfg, args.stages))
     text = (f"# Operators on the boundary tensors of {args.run.name}\n\nCommand: `{command}`\n\n"
-            f"{len(acts)} cuts, {args.rows} x {args.seq} held-out tokens; torch {torch.__version__}\n\n"
+            f"{len(acts)} cuts ({cuts}; layer 0 is the embedding), {args.rows} x {args.seq} held-out tokens of "
+            f"{corpus}; torch {torch.__version__}\n\n"
             f"## Activations (forward)\n\nFirst cut: {describe(acts[0])}\n\n{tables[0]}\n\n"
             f"## Activation-gradients (backward)\n\nFirst cut: {describe(grads[0])}\n\n{tables[1]}\n")
     print(text)

@@ -1,6 +1,7 @@
 """The quality study of issue 5 on the real pipeline: one pretraining run per compression setting.
 
     python eval/study.py --protocol long      # the headline testbed (issue 17): 1,000 steps, resumable mid-run
+    python eval/study.py --protocol smollm2   # the real-model testbed (issue 24): SmolLM2-135M, `make models` first
     python eval/study.py                      # the short 120-step protocol (history), resumable: finished runs are skipped
     python eval/study.py --only base,topk0.1  # some of them
     python eval/study.py --finetune           # the finetuning settings (SmolLM2-135M; `make models` first)
@@ -125,6 +126,30 @@ FT_EP_COMMON = ["--stages", "2", "--data", "austen", "--train-sequences", "32", 
                 "--micro-batch", "2", "--grad-accum", "2", "--eval-every", "8", "--eval-batches", "8", "--log-every", "4",
                 "--lr", "5e-5", "--seed", "0", "--save-every", "16"]
 LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
+# The real-model testbed (issue 24): continued pretraining of SmolLM2-135M-Instruct (LLaMA architecture, 30 blocks,
+# outlier channels and an attention sink from the middle layers on; `make models`) on Jane Austen's novels, 5% of every
+# file held out. 4 pipeline stages as DeepSpeed balances them: cuts after blocks 8, 16 and 23, so one run compresses an
+# early, a middle and a deep cut at once (each boundary's own statistics are logged). 200 steps of 2,048 tokens
+# (410k tokens, ~40% of the corpus) with a cosine schedule to 10%: the baseline's validation curve flattens. About 12 s
+# per step on 2 cores, ~45 min per run with its evaluations. Checkpoints every 50 steps (resumable); only the newest
+# is kept (1.8 GB each).
+SMOLLM2: dict[str, str] = {
+    "sm-base": "none",
+    # tile-adaptive rotated activations (3.85 bits) with tile-quantized stochastic gradients (3.33): 3.59 averaged
+    "sm-tile3.5_grad-tile3stoch": "act=tile:3.5,grad=tile:3:stoch",
+    "sm-base-seed1": "none",
+    "sm-int8": "int8",
+    "sm-safe": "safe",
+    "sm-act-tile3.5": "act=tile:3.5,grad=none",  # activations alone at <= 4 bits (TAH-Quant's level)
+    "sm-aggressive": "aggressive",
+    "sm-act-int4rot_grad-int4rotstoch": "act=int4:rot,grad=int4:rot:stoch",  # rotation without tiles
+    "sm-act-tile3_grad-tile2.5stoch": "act=tile:3,grad=tile:2.5:lo=2:hi=3:stoch",  # the 3-bit moonshot: 3.09 averaged
+    "sm-topk0.1": "topk:0.1", "sm-topk0.2": "topk:0.2", "sm-topk0.3": "topk:0.3",
+}
+SM_COMMON = ["--stages", "4", "--data", "austen", "--steps", "200", "--seq-len", "128", "--micro-batch", "4",
+             "--grad-accum", "4", "--val-fraction", "0.05", "--eval-every", "25", "--eval-batches", "16", "--log-every", "5",
+             "--lr", "1e-4", "--save-every", "50", "--keep-checkpoints", "1"]
+SEEDS["sm-base-seed1"] = 1
 # The long study's run order: what a session can finish first is what the issue's goals need most (a <= 4-bit
 # candidate, AQ-SGD's multi-epoch deltas, one run per family, the findings' core), then the rest.
 LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace48-int8", "act-int8_grad-int3stoch",
@@ -136,7 +161,8 @@ LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace
               "act-int4_grad-int4stoch", "act-int3rot_grad-int4stoch", "subspace48"]
 assert sorted(LONG_ORDER) == sorted([*LONG, *FT_EPOCHS]), "every long setting runs exactly once"
 # protocol -> (names in run order, where the runs go)
-PROTOCOLS = {"short": (list(SETTINGS), ROOT / "runs" / "study"), "long": (LONG_ORDER, ROOT / "runs" / "study_long")}
+PROTOCOLS = {"short": (list(SETTINGS), ROOT / "runs" / "study"), "long": (LONG_ORDER, ROOT / "runs" / "study_long"),
+             "smollm2": (list(SMOLLM2), ROOT / "runs" / "study_smollm2")}
 
 
 def job(name: str, protocol: str) -> tuple[str, int, list[str], str]:
@@ -145,6 +171,10 @@ def job(name: str, protocol: str) -> tuple[str, int, list[str], str]:
         return "finetune.py", 2, [*FT_COMMON, "--seed", str(SEEDS.get(name, 0))], FINETUNE[name]
     if protocol == "long" and name in FT_EPOCHS:
         return "finetune.py", 2, FT_EP_COMMON, FT_EPOCHS[name]
+    if protocol == "smollm2":
+        if name not in SMOLLM2:
+            raise SystemExit(f"unknown setting {name!r} in the smollm2 protocol; accepted: {', '.join(SMOLLM2)}")
+        return "finetune.py", 4, [*SM_COMMON, "--seed", str(SEEDS.get(name, 0))], SMOLLM2[name]
     settings, common = (LONG, LONG_COMMON) if protocol == "long" else (SETTINGS, COMMON)
     if name not in settings:
         raise SystemExit(f"unknown setting {name!r} in the {protocol} protocol; accepted: {', '.join([*PROTOCOLS[protocol][0], *FINETUNE])}")
@@ -155,7 +185,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=None, help="comma-separated setting names")
     ap.add_argument("--protocol", choices=list(PROTOCOLS), default="short",
-                    help="short: 120 steps (the first study, kept as history); long: 1,000 steps (the headline)")
+                    help="short: 120 steps (the first study, kept as history); long: 1,000 steps (the headline); "
+                         "smollm2: continued pretraining of SmolLM2-135M")
     ap.add_argument("--runs", type=Path, default=None, help="where the runs go (default runs/study, runs/study_long)")
     ap.add_argument("--finetune", action="store_true", help=f"the short finetuning settings {list(FINETUNE)} instead")
     args = ap.parse_args()

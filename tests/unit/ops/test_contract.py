@@ -21,7 +21,7 @@ def _refuses(spec, shape):
     """`rot` needs a block that divides the last dim: other shapes must be refused with a ValueError naming them."""
     first = ppc.CompressorSpec.parse(spec).ops[0]
     try:
-        return getattr(first, "rot", "off") != "off" and not first.rot_block(tuple(shape), "check")
+        return hasattr(first, "rot_block") and first.rot != "off" and not first.rot_block(tuple(shape), "check")
     except ValueError:
         return True
 

@@ -1,0 +1,161 @@
+"""tile:<avg bits>: tile-adaptive, rotated integer quantization (the TAH-Quant class, arXiv 2506.01352).
+
+A row of the last dim (a token's hidden state) is cut into tiles of `size` channels, each with its own scale. Three
+parts, each for a property of real LLM hidden states:
+- **Pivots** (`pivots=k`): each row's k largest-magnitude values travel exactly (input dtype) with their positions,
+  and are zeroed before the rest is quantized. A LLaMA model's attention-sink token carries one channel ~100x the
+  others; inside a tile of 64 it would set the scale for 63 small values. TAH-Quant swaps such pivots before its
+  Hadamard transform; here they are taken out, which costs k * (value + int16 position) per row.
+- **Rotation** (`rot`, on by default): a randomized Hadamard transform within each tile spreads the remaining
+  outlier channels over the tile (ops/hadamard.py; the signs come from the context's generator, nothing travels).
+- **Tiles**: a row whose length is not a multiple of `size` is padded with zeros to the next multiple.
+- **Adaptive bits**: each tile gets `hi` or `lo` bits. A fixed share of the tiles, (avg - lo) / (hi - lo) rounded
+  to a whole tile, gets `hi`: those whose error would shrink most, i.e. with the largest range squared (the
+  MSE-optimal pick between two widths). So the wire size depends only on the shape, the dtype and the config; the
+  choice travels as one bit per tile.
+Symmetric absmax scales by default, `asym` for min/max with a zero point; `stoch` rounds stochastically: exact
+pivots, a linear rotation and unbiased rounding keep the whole operator unbiased.
+Wire: [tile bitmap if both widths occur] + hi tiles' codes + scales (+ zero points) + lo tiles' codes + scales
+(+ zero points) + pivot values + pivot positions (int16).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from . import hadamard
+from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
+from .bits import pack_bits, packed_nbytes, unpack_bits
+from .groups import check_scale
+from .quant import INT_BITS, IntQuant, IntQuantConfig
+
+MAX_PIVOTS = 8
+
+
+@dataclass(frozen=True)
+class TileQuantConfig(OpConfig):
+    """Tile-adaptive rotated quantization, e.g. `tile:3.5` (half the tiles 4-bit, half 3-bit), `tile:3:lo=2:hi=4`."""
+
+    NAME: ClassVar[str] = "tile"
+    POSITIONAL: ClassVar[str | None] = "avg"
+    POSITIONAL_REQUIRED: ClassVar[bool] = True
+    FORMS: ClassVar[str] = ("tile:<avg bits in [lo, hi]>[:lo=3][:hi=4][:size=64][:pivots=1][:rot=false][:asym][:stoch]"
+                            "[:scale=S]")
+    EXAMPLES: ClassVar[tuple[str, ...]] = (
+        "tile:3.5", "tile:4:lo=4", "tile:3:lo=2:hi=4:stoch", "tile:3.5:asym", "tile:3.5:rot=false:pivots=0",
+        "tile:2.5:lo=2:hi=3:size=32:pivots=2", "tile:8:lo=8:hi=8:stoch:scale=fp32", "tile:5:lo=4:hi=8:size=8",
+        "tile:3:lo=1:hi=4:size=12:rot=false:asym:pivots=8",
+    )
+
+    avg: float = 4.0
+    """Average bits per code over the tiles (codes only: scales, bitmap and pivots come on top); in [lo, hi]."""
+    lo: int = 3
+    """Bits of the low tiles, 1..8."""
+    hi: int = 4
+    """Bits of the high tiles, lo..8."""
+    size: int = 64
+    """Channels per tile (a power of two with rotation); rows are zero-padded to a multiple of it."""
+    pivots: int = 1
+    """Largest-magnitude values per row sent exactly (with their positions), 0..8."""
+    rot: bool = True
+    """Randomized Hadamard rotation within each tile before quantizing."""
+    asym: bool = False
+    """Min/max quantization with a zero point per tile instead of symmetric absmax."""
+    stoch: bool = False
+    """Stochastic rounding (unbiased) instead of round-to-nearest."""
+    scale: str = "bf16"
+    """Dtype of the per-tile scales (and zero points) on the wire: bf16, fp16 or fp32."""
+
+    def __post_init__(self) -> None:
+        for name in ("lo", "hi"):
+            if getattr(self, name) not in INT_BITS:
+                raise ValueError(f"tile {name}={getattr(self, name)}; accepted: 1..8")
+        if self.lo > self.hi:
+            raise ValueError(f"tile lo={self.lo} > hi={self.hi}; accepted: lo <= hi")
+        if not self.lo <= self.avg <= self.hi:
+            raise ValueError(f"tile avg={self.avg} bits is outside [lo, hi] = [{self.lo}, {self.hi}]; set lo/hi around it")
+        if self.size < 2 or (self.rot and self.size & (self.size - 1)):
+            raise ValueError(f"tile size={self.size}; accepted: an integer >= 2, a power of two with rotation")
+        if not 0 <= self.pivots <= MAX_PIVOTS:
+            raise ValueError(f"tile pivots={self.pivots}; accepted: 0..{MAX_PIVOTS}")
+        check_scale(self.scale)
+
+    def build(self) -> "TileQuant":
+        return TileQuant(self)
+
+
+class TileQuant(Compressor):
+    config: TileQuantConfig
+
+    def __init__(self, config: TileQuantConfig, nonfinite: str = "raise") -> None:
+        super().__init__(config, nonfinite)
+        c = config
+        self.parts = [IntQuant(IntQuantConfig(bits=b, per="row", asym=c.asym, stoch=c.stoch, scale=c.scale))
+                      for b in (c.hi, c.lo)]
+        """The quantizers of the high and the low tiles (each tile is one row of its group)."""
+
+    def _dims(self, shape: tuple[int, ...], where: str) -> tuple[int, int, int, int, int]:
+        """(rows, row length, tiles, high tiles, pivots per row) of a tensor of `shape`. A row whose length is not a
+        multiple of `size` is padded with zeros to the next one (their codes travel too; none for LLM widths)."""
+        c = self.config
+        d = shape[-1] if shape else 1
+        if d >= 2**15:
+            raise ValueError(f"{where}: {self.spec} sends pivot positions as int16; rows of {d} values (shape "
+                             f"{tuple(shape)}) are too long")
+        rows = TensorSpec(tuple(shape), torch.float32).numel // max(d, 1)
+        tiles = rows * -(-d // c.size)
+        share = (c.avg - c.lo) / (c.hi - c.lo) if c.hi > c.lo else 1.0
+        return rows, d, tiles, round(tiles * share), min(c.pivots, d)
+
+    def wire_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout:
+        c = self.config
+        rows, _, tiles, n_hi, k = self._dims(tuple(shape), ctx.name if ctx else "tile")
+        out = [TensorSpec((packed_nbytes(tiles, 1) if 0 < n_hi < tiles else 0,), torch.uint8)]
+        for part, n in zip(self.parts, (n_hi, tiles - n_hi)):
+            out += part.wire_layout((n, c.size), torch.float32)
+        return out + [TensorSpec((rows * k,), dtype), TensorSpec((rows * k,), torch.int16)]
+
+    def _encode(self, x: Tensor, ctx: Context) -> Payload:
+        c = self.config
+        rows, d, tiles, n_hi, k = self._dims(tuple(x.shape), ctx.name)
+        flat = x.new_zeros((rows, tiles // rows * c.size), dtype=torch.float32)  # (rows, d padded), zeros beyond d
+        flat[:, :d] = x.reshape(rows, d)
+        pos = flat[:, :d].abs().topk(k, dim=1).indices  # (rows, k)
+        vals = x.reshape(rows, d).gather(1, pos)  # (rows, k), exact, in x.dtype
+        flat.scatter_(1, pos, 0.0)
+        if c.rot:
+            flat = hadamard.rotate(flat, c.size, ctx.generator(x.device, "tile-rot"))  # (rows, d padded)
+        t = flat.reshape(tiles, c.size)  # (tiles, size)
+        spread = t.amax(dim=1) - t.amin(dim=1) if c.asym else 2 * t.abs().amax(dim=1)  # (tiles,)
+        high = torch.zeros(tiles, dtype=torch.bool, device=x.device)  # (tiles,)
+        high[spread.topk(n_hi).indices] = True
+        bitmap = pack_bits(high.to(torch.uint8), 1) if 0 < n_hi < tiles else x.new_empty((0,), dtype=torch.uint8)
+        parts = [part.encode(t[mask], ctx).tensors for part, mask in zip(self.parts, (high, ~high))]
+        return Payload((bitmap, *parts[0], *parts[1], vals.reshape(-1), pos.to(torch.int16).reshape(-1)),
+                       x.shape, x.dtype)
+
+    def _decode(self, payload: Payload, ctx: Context) -> Tensor:
+        c = self.config
+        shape = tuple(payload.shape)
+        rows, d, tiles, n_hi, k = self._dims(shape, ctx.name)
+        bitmap, *rest = payload.tensors
+        device = bitmap.device
+        if 0 < n_hi < tiles:
+            high = unpack_bits(bitmap, 1, tiles).bool()  # (tiles,)
+        else:
+            high = torch.full((tiles,), n_hi == tiles, dtype=torch.bool, device=device)
+        t = torch.empty((tiles, c.size), dtype=torch.float32, device=device)  # (tiles, size)
+        n = len(self.parts[0].wire_layout((1, c.size), torch.float32))  # tensors per part
+        for j, (part, mask) in enumerate(zip(self.parts, (high, ~high))):
+            size = torch.Size((int(mask.sum()), c.size))
+            t[mask] = part.decode(Payload(tuple(rest[j * n:(j + 1) * n]), size, torch.float32), ctx)
+        flat = t.reshape(rows, -1)  # (rows, d padded)
+        if c.rot:
+            flat = hadamard.unrotate(flat, c.size, ctx.generator(device, "tile-rot"))  # (rows, d padded), fp32
+        flat = flat[:, :d].contiguous()  # (rows, d)
+        vals, pos = rest[2 * n], rest[2 * n + 1]
+        flat.scatter_(1, pos.long().reshape(rows, k), vals.float().reshape(rows, k))
+        return flat.reshape(shape).to(payload.dtype)
