@@ -19,11 +19,13 @@ import copy
 import functools
 import inspect
 import os
+import warnings
 from typing import Any
 
 import deepspeed
 import torch
 from deepspeed.runtime.pipe import p2p, schedule
+from deepspeed.runtime.pipe.dualpipev import DualPipeVModule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.runtime.pipe.module import PipelineModule
 from deepspeed.runtime.utils import PartitionedTensor
@@ -72,6 +74,12 @@ class CompressedPipelineEngine(PipelineEngine):
         self._pp_act_tuple = False
 
     # --- bookkeeping --------------------------------------------------------------------------
+    def reset_activation_shape(self) -> None:
+        """DeepSpeed's, and forget the activation shapes received: the sender sends its meta message again, so the
+        receiver must read it again (else that message would be taken for the first payload)."""
+        super().reset_activation_shape()
+        self._pp_act_specs = None
+
     def _exec_schedule(self, pipe_schedule: Any) -> None:
         self._pp_mb = {}  # each instruction type runs in micro-batch order: count per type
         super()._exec_schedule(pipe_schedule)
@@ -202,6 +210,11 @@ def initialize(model: PipelineModule, config: dict | str | None = None,
     if not isinstance(model, PipelineModule):
         raise TypeError(f"pp_compress compresses pipeline traffic: model must be a deepspeed.pipe.PipelineModule, got {type(model).__name__}")
     ds_config, cfg = resolve_config(config, compression)
+    if isinstance(model, DualPipeVModule):
+        notice("dualpipev", f"pp_compress: DeepSpeed runs this {type(model).__name__} with its DualPipeV engine, whose "
+                            f"batched p2p pp_compress does not compress yet: {cfg} is NOT applied, this run sends its "
+                            "activations and gradients uncompressed (stock DeepSpeed). Use a PipelineModule to compress.")
+        return _stock_initialize()(model=model, config=ds_config, **kwargs)
     saved = deepspeed.PipelineEngine
     deepspeed.PipelineEngine = CompressedPipelineEngine
     try:
@@ -216,8 +229,10 @@ def enable() -> None:
     """One line for Megatron-DeepSpeed (or any script that calls `deepspeed.initialize` itself): from now on,
     `deepspeed.initialize(model=<PipelineModule>, ...)` whose DeepSpeed config (`args.deepspeed_config`, `config=`
     or `config_params=`, in DeepSpeed's own precedence) has a "pp_compress" section returns the compressed engine,
-    configured from that section. Any other call, including a pipeline without the section, runs stock DeepSpeed
-    unchanged. Calling it again does nothing; `disable()` restores the stock function."""
+    configured from that section. Any other call runs stock DeepSpeed unchanged: without the section silently; with
+    it, a model that is not a PipelineModule (DeepSpeedEngine) or a DualPipeVModule (DualPipeVEngine) runs stock
+    with a one-time warning that nothing is compressed. Calling it again does nothing; `disable()` restores the
+    stock function."""
     if getattr(deepspeed.initialize, "_pp_compress_stock", None) is not None:
         return
     stock = deepspeed.initialize
@@ -228,7 +243,12 @@ def enable() -> None:
         bound = params.bind_partial(*args, **kwargs).arguments
         ds_args = bound.get("args")
         config = getattr(ds_args, "deepspeed_config", None) or bound.get("config") or bound.get("config_params")
-        if not isinstance(bound.get("model"), PipelineModule) or SECTION not in load_json(config):
+        if SECTION not in load_json(config):
+            return stock(*args, **kwargs)
+        if not isinstance(bound.get("model"), PipelineModule):
+            notice("not-pipeline", f"pp_compress: the DeepSpeed config has a \"{SECTION}\" section, but this model is a "
+                                   f"{type(bound.get('model')).__name__}, not a PipelineModule: no pipeline traffic to "
+                                   "compress, DeepSpeed runs it unchanged")
             return stock(*args, **kwargs)
         if getattr(ds_args, "deepspeed_config", None) is not None:  # DeepSpeed would read the file again, section and all
             ds_args = copy.copy(ds_args)
@@ -238,6 +258,16 @@ def enable() -> None:
 
     hooked._pp_compress_stock = stock  # type: ignore[attr-defined]
     deepspeed.initialize = hooked
+
+
+_NOTICED: set[str] = set()
+
+
+def notice(key: str, message: str) -> None:
+    """Say `message` once per process (a RuntimeWarning): pp_compress passing an engine through, not compressing."""
+    if key not in _NOTICED:
+        _NOTICED.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def disable() -> None:

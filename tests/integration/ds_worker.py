@@ -28,6 +28,13 @@ ap.add_argument("--enable", action="store_true", help="pp_compress.deepspeed.ena
                 "args=...) with the spec as the JSON file's pp_compress section (no section without --spec)")
 ap.add_argument("--mask", action="store_true", help="(x, bool mask) flows through the stages, and the module is named "
                 "GPT2ModelPipe, so DeepSpeed sets has_attention_mask (it sends the mask as half)")
+ap.add_argument("--dualpipev", action="store_true", help="a DualPipeVModule (DeepSpeed's DualPipeV engine)")
+ap.add_argument("--eval-options", action="store_true", help="also eval_batch(return_logits=True, bcast_loss=False, "
+                "num_micro_batches=2, reduce_output=None): its logits' sum on the last stage (compute_loss=False fails in "
+                "stock DeepSpeed 0.19.8 after training: it adds the logits to the scalar total_loss)")
+ap.add_argument("--act-ckpt", action="store_true", help="activation checkpointing (activation_checkpoint_interval=1)")
+ap.add_argument("--reshape", action="store_true", help="(MBS, T, D) inputs, T = 8 for the first half of the steps and 4 "
+                "after, with engine.reset_activation_shape() between")
 ap.add_argument("--out", required=True)
 args = ap.parse_args()
 
@@ -35,6 +42,7 @@ import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from deepspeed.pipe import LayerSpec, PipelineModule  # noqa: E402
 from deepspeed.runtime.pipe import p2p  # noqa: E402
+from deepspeed.runtime.pipe.dualpipev import DualPipeVModule  # noqa: E402
 
 importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip the 30-70 s shm JIT build (unused by p2p)
 import pp_compress  # noqa: E402
@@ -84,8 +92,9 @@ def make_engine():
         for _ in range(2 * args.stages - 2):
             layers += [LayerSpec(OnHidden, "linear", H, H), LayerSpec(OnHidden, "gelu")]
         layers += [LayerSpec(OnHidden, "linear", H, D, last=True)]
-        model = (GPT2ModelPipe if args.mask else PipelineModule)(layers=layers, num_stages=args.stages,
-                                                                 loss_fn=nn.MSELoss(), partition_method="uniform")
+        cls = DualPipeVModule if args.dualpipev else GPT2ModelPipe if args.mask else PipelineModule
+        model = cls(layers=layers, num_stages=args.stages, loss_fn=nn.MSELoss(), partition_method="uniform",
+                    activation_checkpoint_interval=1 if args.act_ckpt else 0)
     dp = world // (args.stages * max(args.tp, 1))
     cfg = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": GAS,
            "train_batch_size": MBS * GAS * dp, "steps_per_print": 10**9, "bf16": {"enabled": args.bf16},
@@ -121,6 +130,8 @@ def data(seed, skip=0):
     while True:
         ids = torch.randperm(16, generator=g)[:MBS]
         x = pool[ids] if args.ids else torch.randn(MBS, D, generator=g)
+        if args.reshape:  # tokens: (MBS, T, D), T halves at the middle of training (see the loop)
+            x = torch.randn(MBS, SHAPE["T"], D, generator=g)
         i += 1
         if i > skip:
             inp = x.bfloat16() if args.bf16 else x
@@ -139,18 +150,24 @@ def tokens(seed, skip=0):
             yield ((seq[:, :-1], ids) if args.ids else seq[:, :-1]), seq[:, 1:]
 
 
+SHAPE = {"T": 8}
 engine = make_engine()
 dp_id = engine.grid.data_parallel_id
 it = data(100 + dp_id)
 losses, t0 = [], time.perf_counter()
 steps = args.steps // 2 if args.ckpt else args.steps
-for _ in range(steps):
+for step in range(steps):
+    if args.reshape and step == steps // 2:
+        SHAPE["T"] = 4
+        engine.reset_activation_shape()
+        it = data(200 + dp_id)
     losses.append(float(engine.train_batch(it)))
 step_time = (time.perf_counter() - t0) / steps
 sent_train = SENT["bytes"]
 result = {"rank": rank, "stage": engine.stage_id, "engine": type(engine).__name__, "dp": dp_id,
           "tp": engine.grid.get_slice_parallel_rank() if args.tp else 0, "losses": losses, "sent_bytes": sent_train,
-          "step_time": step_time, "stats": engine.pp_compress_stats() if args.spec else {}}
+          "step_time": step_time,
+          "stats": engine.pp_compress_stats() if hasattr(engine, "pp_compress_stats") else {}}
 if args.ckpt:
     engine.save_checkpoint(args.ckpt)
     result["continued"] = [float(engine.train_batch(it)) for _ in range(args.steps - steps)]
@@ -159,6 +176,11 @@ if args.ckpt:
     it2 = data(100 + dp_id, skip=steps * GAS)
     result["resumed"] = [float(fresh.train_batch(it2)) for _ in range(args.steps - steps)]
 result["eval"] = float(engine.eval_batch(data(7 + dp_id)))
+if args.eval_options:
+    out, logits = engine.eval_batch(data(8 + dp_id), return_logits=True, bcast_loss=False, num_micro_batches=2,
+                                    reduce_output=None)
+    result["eval_logits_sum"] = float(logits.double().sum()) if torch.is_tensor(logits) else None
+    result["eval_nobcast"] = None if out is None else [float(torch.as_tensor(o).double().sum()) for o in out]
 with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
 dist.barrier()

@@ -1,0 +1,44 @@
+"""Turning pp_compress on loses nothing DeepSpeed gives: each pipeline feature with `identity` is bitwise stock
+DeepSpeed, with int8 it stays close, and engines pp_compress cannot compress pass through with a warning.
+(The assertions follow DeepSpeed's own pipeline tests: tests/unit/pipe/test_pipe_module.py compares a pipeline with
+the sequential model; here stock DeepSpeed is the reference, on the same worker.)"""
+import pytest
+
+pytest.importorskip("deepspeed")
+from tests.integration.launch import launch  # noqa: E402
+
+
+def run(tmp_path, nproc, *args):
+    rc, log, res = launch(tmp_path, nproc, *args)
+    assert rc == 0, log[-4000:]
+    assert len(res) == nproc, log[-4000:]
+    return res, log
+
+
+def _same(a: dict, b: dict, keys: tuple[str, ...]) -> None:
+    for rank in a:
+        for k in keys:
+            assert a[rank].get(k) == b[rank].get(k), (rank, k, a[rank].get(k), b[rank].get(k))
+
+
+@pytest.mark.parametrize("feature", [("--eval-options",), ("--act-ckpt",), ("--reshape",)],
+                         ids=["eval_batch-options", "activation-checkpointing", "reset_activation_shape"])
+def test_identity_is_bitwise_stock_and_int8_stays_close(tmp_path, feature):
+    stock, _ = run(tmp_path / "stock", 2, "--steps", "4", *feature)
+    ident, _ = run(tmp_path / "ident", 2, "--steps", "4", "--spec", "identity", *feature)
+    _same(stock, ident, ("losses", "eval", "eval_logits_sum", "eval_nobcast", "sent_bytes"))
+    int8, _ = run(tmp_path / "int8", 2, "--steps", "4", "--spec", "int8", "--hidden", "256", *feature)
+    stock256, _ = run(tmp_path / "stock256", 2, "--steps", "4", "--hidden", "256", *feature)
+    for a, b in zip(int8[1]["losses"], stock256[1]["losses"]):
+        assert abs(a - b) <= 0.02 * abs(b) + 1e-3
+    if "--eval-options" in feature:  # the logits came back from the last stage (rank 1) through compressed traffic
+        assert int8[1]["eval_logits_sum"] == pytest.approx(stock256[1]["eval_logits_sum"], rel=0.05, abs=0.5)
+        assert ident[0]["eval_nobcast"] is None and len(ident[1]["eval_nobcast"]) == 2  # per micro-batch, not broadcast
+
+
+def test_dualpipev_passes_through_with_one_warning_and_stock_results(tmp_path):
+    stock, _ = run(tmp_path / "stock", 2, "--steps", "4", "--dualpipev")
+    hooked, log = run(tmp_path / "hooked", 2, "--steps", "4", "--dualpipev", "--enable", "--spec", "int8")
+    assert {r["engine"] for r in hooked.values()} == {"DualPipeVEngine"}
+    _same(stock, hooked, ("losses", "eval", "sent_bytes"))
+    assert log.count("NOT applied") == 2  # once per rank
