@@ -1,0 +1,47 @@
+"""pp_compress.torch_pipelining on real torchrun processes (gloo): four of torch's schedules."""
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.integration.launch import run_job
+
+WORKER = Path(__file__).with_name("torch_pipe_worker.py")
+SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble"]
+
+
+def run(out: Path, *args: str) -> dict[int, dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    rc, log = run_job(WORKER, 2, "--out", str(out), *args, timeout=180)
+    assert rc == 0, log[-4000:]
+    res = {r["rank"]: r for r in (json.loads(p.read_text()) for p in out.glob("rank*.json"))}
+    assert len(res) == 2, log[-4000:]
+    return res
+
+
+def losses(res: dict[int, dict]) -> list[float]:
+    return next(r["losses"] for r in res.values() if r["losses"])
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_identity_is_bitwise_the_stock_stage(tmp_path, schedule):
+    stock = run(tmp_path / "stock", "--schedule", schedule)
+    ident = run(tmp_path / "ident", "--schedule", schedule, "--spec", "identity")
+    assert {r["engine"] for r in ident.values()} == {"CompressedPipelineStage"}
+    assert losses(stock) == losses(ident) and len(losses(stock)) == 4
+    assert [stock[r]["sent_bytes"] for r in (0, 1)] == [ident[r]["sent_bytes"] for r in (0, 1)]
+
+
+@pytest.mark.parametrize("schedule,spec,ratio", [("GPipe", "int8", 3.8), ("1F1B", "safe", 6.8),
+                                                 ("Interleaved1F1B", "int8", 3.8), ("ZBVZeroBubble", "safe", 6.8)])
+def test_compressed_bytes_shrink_by_the_stated_ratio_and_training_follows(tmp_path, schedule, spec, ratio):
+    stock = run(tmp_path / "stock", "--schedule", schedule, "--hidden", "256", "--steps", "6")
+    comp = run(tmp_path / "comp", "--schedule", schedule, "--hidden", "256", "--steps", "6", "--spec", spec)
+    total = sum(r["sent_bytes"] for r in stock.values()) / sum(r["sent_bytes"] for r in comp.values())
+    rows = {k: v for r in comp.values() for k, v in r["stats"].items() if v["calls"]}  # the senders' rows
+    assert {k.split(".")[1] for k in rows} == {"act", "grad"}
+    both = sum(v["raw_bytes"] for v in rows.values()) / sum(v["wire_bytes"] for v in rows.values())
+    assert total > ratio and both == pytest.approx(total, rel=0.01)  # the stats count what went on the wire
+    ref, got = losses(stock), losses(comp)
+    assert got[-1] < got[0]  # it trains
+    assert all(abs(a - b) <= 0.05 * b for a, b in zip(got, ref))
