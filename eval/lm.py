@@ -33,17 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import pp_compress as ppc  # noqa: E402
 from recipes import data  # noqa: E402
-from recipes.model import GPT, GPTConfig  # noqa: E402
-
-
-def stage_cuts(cfg: GPTConfig, stages: int) -> list[int]:
-    """Layer indices after which a stage ends, as DeepSpeed's type:Block partitioning places them."""
-    from deepspeed.runtime.utils import partition_balanced
-
-    n_layers = cfg.n_layer + 2 + (1 if cfg.tie_embeddings else 0)  # embedding, blocks, head[, tied projection]
-    weights = [1 if 1 <= i <= cfg.n_layer else 0 for i in range(n_layers)]
-    parts = partition_balanced(weights=weights, num_parts=stages)
-    return [parts[s] - 1 for s in range(1, stages)]
+from recipes.model import GPT, GPTConfig, stage_cuts  # noqa: E402,F401 - stage_cuts: eval/ and benchmarks/ use it from here
 
 
 def load_model(checkpoint: str | Path) -> tuple[GPT, Any, int]:

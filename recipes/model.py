@@ -391,6 +391,17 @@ class _TiedProjection(nn.Module):
         return self.emb[0].logits(h)
 
 
+def stage_cuts(cfg: GPTConfig, stages: int) -> list[int]:
+    """Layer indices after which a stage ends, as DeepSpeed's type:Block partitioning places them (every engine's
+    recipe cuts the model there)."""
+    from deepspeed.runtime.utils import partition_balanced
+
+    n_layers = cfg.n_layer + 2 + (1 if cfg.tie_embeddings else 0)  # embedding, blocks, head[, tied projection]
+    weights = [1 if 1 <= i <= cfg.n_layer else 0 for i in range(n_layers)]
+    parts = partition_balanced(weights=weights, num_parts=stages)
+    return [parts[s] - 1 for s in range(1, stages)]
+
+
 class GPT(nn.Module):
     """The pipeline's layers run in sequence in one process; `boundaries` puts modules between blocks
     (e.g. pp_compress.CompressionBoundary for in-process compression at the pipeline's cut points)."""

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from recipes import data, train  # noqa: E402
+from recipes import data, torch_engine, train  # noqa: E402
 from recipes.model import PRESETS, GPTConfig, pipeline_module  # noqa: E402
 
 
@@ -35,9 +35,14 @@ def main() -> None:
     ap.add_argument("--subspace", default=None, metavar="K|auto",
                     help="subspace pipeline (Protocol Models): residual writes in a fixed k-dim subspace, so stages "
                          "exchange k coordinates + token ids instead of d values; auto = d_model / 16")
+    ap.add_argument("--engine", default="deepspeed", choices=["deepspeed", "torch"],
+                    help="deepspeed: DeepSpeed's PipelineEngine; torch: torch.distributed.pipelining (1F1B, "
+                         "recipes/torch_engine.py), one stage per process, --untied")
     train.add_args(ap, steps=300, lr=1e-3)
     args = ap.parse_args()
     train.check_args(args)
+    if args.engine == "torch":
+        torch_engine.check(args)
     train.init_distributed()
 
     def prepare() -> tuple:
@@ -58,9 +63,12 @@ def main() -> None:
     if dist.get_rank() == 0:  # the run directory carries its tokenizer: infer.py and eval/ need nothing else
         tok.save_pretrained(args.out / "tokenizer")
     torch.manual_seed(args.seed)  # weights depend on --seed only (not on what ran before, e.g. a cold cache)
-    module = pipeline_module(cfg, args.stages, tp=args.tp)
     meta = {**cfg.to_dict(), "tokenizer": "tokenizer"}  # the folder inside the run directory
-    train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)
+    if args.engine == "torch":
+        torch_engine.train(args, cfg, meta, train_ds, val_ds, data.batches, data.eval_batches)
+    else:
+        module = pipeline_module(cfg, args.stages, tp=args.tp)
+        train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)
     train.finish()
 
 

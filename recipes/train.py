@@ -264,6 +264,12 @@ def wire_totals(engine: Any) -> dict[str, float]:
 
 def evaluate(engine: Any, make_iter: Any, batches: int) -> float:
     """Mean loss of the first `batches` pipeline batches of the validation set (the same ones every time)."""
+    return evaluate_batches(make_iter, batches, lambda it: float(engine.eval_batch(it)))
+
+
+def evaluate_batches(make_iter: Any, batches: int, run: Any) -> float:
+    """Mean of `run(it)` over `batches` calls, `it` an endless repeat of `make_iter()` (each call takes what one
+    evaluation needs: an engine's micro-batches, or one whole batch)."""
     def repeat() -> Iterator:
         while True:
             n = 0
@@ -272,7 +278,7 @@ def evaluate(engine: Any, make_iter: Any, batches: int) -> float:
             if n == 0:
                 raise SystemExit("the validation set holds less than one micro-batch: raise --val-fraction or lower --micro-batch")
     it = repeat()
-    return sum(float(engine.eval_batch(it)) for _ in range(batches)) / batches
+    return sum(run(it) for _ in range(batches)) / batches
 
 
 def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], train_ds: Any, val_ds: Any,
