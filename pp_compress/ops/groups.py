@@ -14,6 +14,9 @@ import torch
 from torch import Tensor
 
 SCALE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+SCALE_CODES = {"fp32": 0, "bf16": 1, "fp16": 2}
+"""How the fused kernels (csrc/fused.cpp) name the scale dtypes."""
+KERNELS = ("fused", "eager")
 PER_FORMS = "tensor | row | channel | block<N> (e.g. block64)"
 # Relative bump that makes a scale rounded to nearest in this dtype never smaller than the exact one.
 _ROUND_UP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 0.0}
@@ -25,6 +28,11 @@ def check_per(per: str, allowed: tuple[str, ...] = ("tensor", "row", "channel"))
     m = re.fullmatch(r"block(\d+)", per)
     if not m or int(m.group(1)) < 1:
         raise ValueError(f"per={per!r}; accepted: {PER_FORMS}")
+
+
+def check_kernel(kernel: str) -> None:
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel!r}; accepted: {', '.join(KERNELS)}")
 
 
 def check_scale(scale: str) -> None:

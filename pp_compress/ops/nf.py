@@ -23,7 +23,9 @@ from torch import Tensor
 
 from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
 from .bits import MAX_LEVELS, levels_nbytes, pack_levels, unpack_levels
-from .groups import PER_FORMS, SCALE_DTYPES, check_per, check_scale, from_groups, group_dims, round_scale, safe_scale, to_groups
+from . import fused
+from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, check_kernel, check_per, check_scale, from_groups, group_dims,
+                     round_scale, safe_scale, to_groups)
 
 NF_BITS = (2, 3, 4, 5, 6, 7, 8)
 
@@ -55,11 +57,12 @@ class NormalFloatConfig(OpConfig):
 
     NAME: ClassVar[str] = "nf"
     POSITIONAL: ClassVar[str | None] = "levels"
-    FORMS: ClassVar[str] = (f"nf<b>[:per=P][:stoch][:scale=S] (2**b levels, b in 2..8) or nf:<L>[...] (L levels, "
+    FORMS: ClassVar[str] = (f"nf<b>[:per=P][:stoch][:scale=S][:kernel=fused|eager] (2**b levels, b in 2..8) or nf:<L>[...] (L levels, "
                             f"3..{MAX_LEVELS}), P = {PER_FORMS}")
     EXAMPLES: ClassVar[tuple[str, ...]] = ("nf4", "nf4:per=block32", "nf3:stoch", "nf2:per=tensor", "nf8:scale=fp32",
                                            "nf4:per=channel:stoch", "nf5:scale=fp16", "nf2:stoch:per=block64",
-                                           "nf:40", "nf:5:stoch", "nf:3:per=block32:stoch", "nf:100:per=channel")
+                                           "nf:40", "nf:5:stoch", "nf:3:per=block32:stoch", "nf:100:per=channel",
+                                           "nf6:kernel=eager", "nf4:per=block64:kernel=eager")
 
     levels: int = 16
     """Number of levels, 3..256 (nf<b> sets 2**b). A power of two packs b bits per code; any other count packs k codes
@@ -70,6 +73,10 @@ class NormalFloatConfig(OpConfig):
     """Stochastic rounding between the two neighbouring levels (unbiased) instead of the nearest level."""
     scale: str = "bf16"
     """Dtype of the per-group absmax on the wire: bf16 (default: fp32 range), fp16 or fp32."""
+    kernel: str = "fused"
+    """fused: the one-pass CPU kernel (ops/fused.py) where this configuration has one: nearest level, a power-of-two
+    level count, per row or per block of a multiple of 8 values that tile the tensor; the codes are bitwise the
+    reference's. eager: always the reference tensor code."""
 
     def __post_init__(self) -> None:
         if not 3 <= self.levels <= MAX_LEVELS:
@@ -77,6 +84,7 @@ class NormalFloatConfig(OpConfig):
                              f"{', '.join(map(str, NF_BITS))})")
         check_per(self.per)
         check_scale(self.scale)
+        check_kernel(self.kernel)
 
     @classmethod
     def from_name(cls, name: str) -> dict[str, Any] | None:
@@ -109,14 +117,27 @@ class NormalFloat(Compressor):
         return [TensorSpec((levels_nbytes(TensorSpec(tuple(shape), dtype).numel, c.levels),), torch.uint8),
                 TensorSpec((groups,), SCALE_DTYPES[c.scale])]
 
+    def _fused_size(self, shape: tuple[int, ...], like: Tensor) -> int:
+        """The group size when the fused kernel takes this tensor (0 when the reference runs)."""
+        c = self.config
+        if c.kernel != "fused" or c.stoch or c.levels & (c.levels - 1) or c.per == "channel":
+            return 0
+        groups, size = group_dims(shape, c.per)
+        return size if groups * size == TensorSpec(shape, like.dtype).numel and fused.usable(like, size) else 0
+
     def _encode(self, x: Tensor, ctx: Context) -> Payload:
         c = self.config
         lv, mid = _table(c.levels, x.device)  # (levels,), (levels - 1,)
+        size = self._fused_size(tuple(x.shape), x)
+        if size:  # one pass per group: absmax, scale, nearest level, packing
+            codes, scale = fused.kernels().nf_encode(x.reshape(-1, size).contiguous(), mid, c.levels.bit_length() - 1,
+                                                     SCALE_CODES[c.scale])
+            scale = scale.to(SCALE_DTYPES[c.scale])
+            self._check_scale(scale, x, ctx)
+            return Payload((codes, scale), x.shape, x.dtype)
         g = to_groups(x, c.per).float()  # (groups, size)
         scale = round_scale(g.abs().amax(dim=1), SCALE_DTYPES[c.scale])  # (groups,), rounded up: |u| <= 1
-        if not bool(torch.isfinite(scale).all()):
-            raise FloatingPointError(f"{ctx.name}: {self.spec} absmax overflows scale={c.scale} at step {ctx.step} "
-                                     f"(max |x| {float(x.abs().max()):.4g} in {x.dtype}); use scale=bf16 or scale=fp32")
+        self._check_scale(scale, x, ctx)
         u = (g / safe_scale(scale)[:, None]).clamp_(-1, 1).contiguous()  # (groups, size); channel groups are a view
         if c.stoch:  # between lv[lo] and lv[lo + 1], up with probability (u - lv[lo]) / (lv[lo + 1] - lv[lo])
             lo = (torch.bucketize(u, lv, right=True) - 1).clamp_(0, len(lv) - 2)  # (groups, size)
@@ -128,9 +149,21 @@ class NormalFloat(Compressor):
         codes = from_groups(codes.to(torch.uint8), tuple(x.shape), c.per)  # x.shape
         return Payload((pack_levels(codes.reshape(-1), c.levels), scale), x.shape, x.dtype)
 
+    def _check_scale(self, scale: Tensor, x: Tensor, ctx: Context) -> None:
+        if not bool(torch.isfinite(scale).all()):
+            raise FloatingPointError(f"{ctx.name}: {self.spec} absmax overflows scale={self.config.scale} at step "
+                                     f"{ctx.step} (max |x| {float(x.abs().max()):.4g} in {x.dtype}); use scale=bf16 or "
+                                     "scale=fp32")
+
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
         c = self.config
         shape = tuple(payload.shape)
+        size = self._fused_size(shape, payload.tensors[0])
+        if size:
+            lv, _ = _table(c.levels, payload.tensors[0].device)
+            like = payload.tensors[0].new_empty(0, dtype=payload.dtype)
+            return fused.kernels().nf_decode(payload.tensors[0], payload.tensors[1].float(), lv,
+                                             c.levels.bit_length() - 1, size, like).reshape(shape)
         codes = unpack_levels(payload.tensors[0], c.levels, TensorSpec(shape, payload.dtype).numel).reshape(shape)
         lv, _ = _table(c.levels, codes.device)
         g = lv[to_groups(codes, c.per).long()] * payload.tensors[1].float()[:, None]  # (groups, size)

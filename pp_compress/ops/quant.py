@@ -20,11 +20,11 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import Tensor
 
-from . import hadamard
+from . import fused, hadamard
 from .bits import pack_bits, packed_nbytes, unpack_bits
 from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
-from .groups import (PER_FORMS, SCALE_DTYPES, check_per, check_scale, from_groups, group_dims, round_down,
-                     round_scale, safe_scale, to_groups)
+from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, check_kernel, check_per, check_scale, from_groups, group_dims,
+                     round_down, round_scale, safe_scale, to_groups)
 
 INT_BITS = (1, 2, 3, 4, 5, 6, 7, 8)
 ROT_FORMS = "rot (auto) | rot=<power of two> | rot=off"
@@ -35,14 +35,14 @@ class IntQuantConfig(OpConfig):
     """Uniform integer quantization, e.g. `int8`, `int4:per=block64`, `int2:asym:stoch:scale=fp32`."""
 
     NAME: ClassVar[str] = "int"
-    FORMS: ClassVar[str] = (f"int<b>[:per=P][:asym][:stoch][:rot[=N]][:scale=S][:compile], b in 1..8, "
-                            f"P = {PER_FORMS}")
+    FORMS: ClassVar[str] = (f"int<b>[:per=P][:asym][:stoch][:rot[=N]][:scale=S][:kernel=fused|eager][:compile], b in "
+                            f"1..8, P = {PER_FORMS}")
     FLAGS: ClassVar[dict[str, str]] = {"rot": "auto"}
     EXAMPLES: ClassVar[tuple[str, ...]] = (
         "int8", "int8:per=tensor", "int8:per=channel", "int4:per=block64", "int4:asym", "int2", "int2:asym:stoch",
         "int1", "int1:stoch", "int8:scale=fp16", "int4:per=block32:scale=fp32", "int3", "int3:asym", "int5:stoch",
         "int6:per=block64", "int7:asym:stoch", "int4:rot", "int3:rot:per=block64", "int8:rot", "int2:rot=4:stoch",
-        "int4:rot:asym:per=channel", "int1:rot",
+        "int4:rot:asym:per=channel", "int1:rot", "int8:kernel=eager", "int3:per=block64:kernel=eager",
     )
 
     bits: int = 8
@@ -59,6 +59,10 @@ class IntQuantConfig(OpConfig):
     rot: str = "off"
     """Randomized Hadamard rotation over blocks of the last dim: off; auto (bare `rot`: the largest power of two
     up to 256 that divides the last dim); or a block size, a power of two >= 2 that must divide the last dim."""
+    kernel: str = "fused"
+    """fused: the one-pass CPU kernel (ops/fused.py) where this configuration has one: symmetric round-to-nearest,
+    per row or per block of a multiple of 8 values that tile the tensor; the codes are bitwise the reference's.
+    eager: always the reference tensor code."""
     compile: bool = False
     """Run the symmetric round-to-nearest kernels through torch.compile (fused passes: ~3x faster int8
     encode on CPU, measured in benchmarks/ops.py); the first call per shape compiles. Where compiling
@@ -69,6 +73,7 @@ class IntQuantConfig(OpConfig):
             raise ValueError(f"int bits={self.bits}; accepted: {', '.join(map(str, INT_BITS))}")
         check_per(self.per)
         check_scale(self.scale)
+        check_kernel(self.kernel)
         if self.rot not in ("off", "auto") and not (self.rot.isdigit() and int(self.rot) >= 2
                                                     and not int(self.rot) & (int(self.rot) - 1)):
             raise ValueError(f"rot={self.rot!r}; accepted: {ROT_FORMS}")
@@ -134,9 +139,21 @@ class IntQuant(Compressor):
         y = self._dequantize(Payload(payload.tensors, payload.shape, torch.float32))  # rotated values, fp32
         return hadamard.unrotate(y, n, ctx.generator(y.device, "rot"), payload.dtype)
 
+    def _fused_size(self, shape: tuple[int, ...], like: Tensor) -> int:
+        """The group size when the fused kernel takes this tensor (0 when the reference runs)."""
+        c = self.config
+        if c.kernel != "fused" or c.asym or c.stoch or c.compile or c.bits == 1 or c.per == "channel":
+            return 0
+        groups, size = group_dims(shape, c.per)
+        return size if groups * size == TensorSpec(shape, like.dtype).numel and fused.usable(like, size) else 0
+
     def _quantize(self, x: Tensor, ctx: Context) -> Payload:
         c = self.config
         sdt = SCALE_DTYPES[c.scale]
+        size = self._fused_size(tuple(x.shape), x)
+        if size:  # one pass per group: absmax, scale, rounding, packing
+            codes, scale = fused.kernels().sym_encode(x.reshape(-1, size).contiguous(), c.bits, SCALE_CODES[c.scale])
+            return Payload((codes, scale.to(sdt)), x.shape, x.dtype)
         if c.bits == 8 and not (c.asym or c.stoch or c.compile):  # the hot path: chunked, no fp32 copy of x
             codes, scale = sym_encode_int8(to_groups(x, c.per), sdt)  # (groups, size) int8, (groups,)
             codes = from_groups(codes, tuple(x.shape), c.per).view(torch.uint8)  # x.shape, two's complement
@@ -182,6 +199,10 @@ class IntQuant(Compressor):
     def _dequantize(self, payload: Payload) -> Tensor:
         c = self.config
         shape = tuple(payload.shape)
+        size = self._fused_size(shape, payload.tensors[0])
+        if size:
+            like = payload.tensors[0].new_empty(0, dtype=payload.dtype)
+            return fused.kernels().sym_decode(payload.tensors[0], payload.tensors[1].float(), c.bits, size, like).reshape(shape)
         numel = TensorSpec(shape, payload.dtype).numel
         codes = unpack_bits(payload.tensors[0], c.bits, numel).reshape(shape)
         if c.bits == 8 and not c.asym:

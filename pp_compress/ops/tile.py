@@ -29,7 +29,7 @@ from torch import Tensor
 from . import hadamard
 from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
 from .bits import pack_bits, packed_nbytes, unpack_bits
-from .groups import check_scale
+from .groups import check_kernel, check_scale
 from .quant import INT_BITS, IntQuant, IntQuantConfig
 
 MAX_PIVOTS = 8
@@ -43,7 +43,7 @@ class TileQuantConfig(OpConfig):
     POSITIONAL: ClassVar[str | None] = "avg"
     POSITIONAL_REQUIRED: ClassVar[bool] = True
     FORMS: ClassVar[str] = ("tile:<avg bits in [lo, hi]>[:lo=3][:hi=4][:size=64][:pivots=1][:rot=false][:asym][:stoch]"
-                            "[:scale=S]")
+                            "[:scale=S][:kernel=fused|eager]")
     EXAMPLES: ClassVar[tuple[str, ...]] = (
         "tile:3.5", "tile:4:lo=4", "tile:3:lo=2:hi=4:stoch", "tile:3.5:asym", "tile:3.5:rot=false:pivots=0",
         "tile:2.5:lo=2:hi=3:size=32:pivots=2", "tile:8:lo=8:hi=8:stoch:scale=fp32", "tile:5:lo=4:hi=8:size=8",
@@ -68,6 +68,8 @@ class TileQuantConfig(OpConfig):
     """Stochastic rounding (unbiased) instead of round-to-nearest."""
     scale: str = "bf16"
     """Dtype of the per-tile scales (and zero points) on the wire: bf16, fp16 or fp32."""
+    kernel: str = "fused"
+    """The tiles' quantizer: fused (its one-pass CPU kernel where it applies; the same codes) or eager."""
 
     def __post_init__(self) -> None:
         for name in ("lo", "hi"):
@@ -82,6 +84,7 @@ class TileQuantConfig(OpConfig):
         if not 0 <= self.pivots <= MAX_PIVOTS:
             raise ValueError(f"tile pivots={self.pivots}; accepted: 0..{MAX_PIVOTS}")
         check_scale(self.scale)
+        check_kernel(self.kernel)
 
     def build(self) -> "TileQuant":
         return TileQuant(self)
@@ -93,7 +96,8 @@ class TileQuant(Compressor):
     def __init__(self, config: TileQuantConfig, nonfinite: str = "raise") -> None:
         super().__init__(config, nonfinite)
         c = config
-        self.parts = [IntQuant(IntQuantConfig(bits=b, per="row", asym=c.asym, stoch=c.stoch, scale=c.scale))
+        self.parts = [IntQuant(IntQuantConfig(bits=b, per="row", asym=c.asym, stoch=c.stoch, scale=c.scale,
+                                              kernel=c.kernel))
                       for b in (c.hi, c.lo)]
         """The quantizers of the high and the low tiles (each tile is one row of its group)."""
 

@@ -1,0 +1,53 @@
+"""The fused CPU kernels give the eager reference's codes, scales and reconstructions bitwise (every width, dtype and
+shape they take), and the shapes they do not take run the reference."""
+import pytest
+import torch
+
+import pp_compress as ppc
+from pp_compress.ops import fused
+
+SPECS = ["int8", "int7", "int6", "int5", "int4", "int3", "int2", "int4:per=block64", "int8:scale=fp16",
+         "int3:scale=fp32", "nf8", "nf6", "nf5", "nf4", "nf3", "nf2", "nf4:per=block32", "nf6:scale=fp16", "nf5:scale=fp32",
+         "int4:rot", "tile:3.5"]
+SHAPES = [(4, 128, 576), (3, 64), (2, 5, 16), (1, 8), (16, 40)]
+
+
+def test_the_kernels_build_here():
+    assert fused.kernels() is not None  # the machine this project runs on has a C++ compiler
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fused_is_bitwise_the_eager_reference(spec, dtype):
+    fast, ref = ppc.build(spec), ppc.build(spec + ":kernel=eager")
+    for shape in SHAPES:
+        g = torch.Generator().manual_seed(len(shape))
+        x = (torch.randn(shape, generator=g) * torch.rand(shape[-1], generator=g) * 10).to(dtype)
+        x.view(-1)[3] = 0.0
+        if x.shape[0] > 1:
+            x[1] = 0  # an all-zero row: scale 0
+        ctx = ppc.Context(step=2)
+        p, q = fast.compress(x, ctx), ref.compress(x, ctx)
+        assert [t.dtype for t in p.tensors] == [t.dtype for t in q.tensors]
+        assert all(torch.equal(a, b) for a, b in zip(p.tensors, q.tensors)), (spec, shape, dtype)
+        assert torch.equal(fast.decompress(p, ctx), ref.decompress(q, ctx)), (spec, shape, dtype)
+
+
+@pytest.mark.parametrize("spec,shape", [("int4", (3, 5)), ("nf4:per=block64", (3, 50)), ("int8:per=channel", (4, 64)),
+                                        ("nf6:stoch", (2, 64)), ("int4:asym", (2, 64))])
+def test_what_the_kernels_do_not_take_runs_the_reference(spec, shape):
+    op = ppc.build(spec)
+    assert op._fused_size(shape, torch.empty(0)) == 0
+    x = torch.randn(shape)
+    assert torch.equal(op.roundtrip(x)[0], ppc.build(spec + ":kernel=eager").roundtrip(x)[0])
+
+
+def test_the_fused_path_is_taken_where_it_applies():
+    assert ppc.build("int8")._fused_size((4, 128, 576), torch.empty(0)) == 576
+    assert ppc.build("nf6:per=block64")._fused_size((4, 128, 576), torch.empty(0)) == 64
+    assert ppc.build("int8:kernel=eager")._fused_size((4, 128, 576), torch.empty(0)) == 0
+
+
+def test_bad_kernel_names_the_accepted_values():
+    with pytest.raises(ValueError, match="kernel='cuda'; accepted: fused, eager"):
+        ppc.parse_op("int8:kernel=cuda")
