@@ -33,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import pp_compress as ppc  # noqa: E402
-from eval.study import EXTRA, LONG, SEEDS  # noqa: E402
+from eval.study import EXTRA, LONG, SEEDS, SMOLLM2  # noqa: E402
 
 RESULTS = ROOT / "eval" / "results"
 E2E = [ROOT / "benchmarks" / "results" / f"e2e_frontier{s}.csv" for s in ("", "_more", "_nf")]  # later files: settings added later
@@ -127,32 +127,54 @@ def link_times(e2e: dict[str, dict[str, dict[str, Any]]], key: str, steps: float
     return links
 
 
-def frontier(runs: dict[str, dict[str, Any]], e2e: list[dict[str, dict[str, dict[str, Any]]]], verdicts: dict[str, str]
-             ) -> list[dict[str, Any]]:
+@dataclasses.dataclass(frozen=True)
+class Testbed:
+    """One quality study whose runs make frontier rows."""
+
+    model: str
+    """The model, as the rows' `model` field names it."""
+    settings: dict[str, str]
+    """Run name -> spec (eval/study.py)."""
+    base: str
+    """The uncompressed run."""
+    seed1: str
+    """The uncompressed run with another seed (the noise floor)."""
+    results: str
+    """Its folder under eval/results/."""
+
+
+TESTBEDS = {"long": Testbed("small GPT", LONG, "base", "base-seed1", "long"),
+            "smollm2": Testbed("SmolLM2-135M", SMOLLM2, "sm-base", "sm-base-seed1", "smollm2")}
+
+
+def frontier(runs: dict[str, dict[str, Any]], e2e: list[dict[str, dict[str, dict[str, Any]]]], verdicts: dict[str, str],
+             testbed: Testbed = TESTBEDS["long"]) -> list[dict[str, Any]]:
     """One row per run. `e2e` holds one or more e2e runs (link -> key -> row); a setting takes its step times from the
-    first one that measured it."""
-    base = runs["base"]
+    first one that measured it. Bits per element are against the dense fp32 tensors the studies train with; the same
+    codes and scales replace bf16 values in a bf16 run, so `x_bf16` is 16 / bits."""
+    base = runs[testbed.base]
     target = base["final"]
     elem_bits = 32  # the study trains in fp32
-    floor = abs(runs["base-seed1"]["final"] - target) if "base-seed1" in runs else None
+    floor = abs(runs[testbed.seed1]["final"] - target) if testbed.seed1 in runs else None
     tol = tolerance(floor)
     base_steps = steps_to_target(base["evals"], target)
     out = []
     for name, r in runs.items():
-        spec, options = LONG[name], EXTRA.get(name, [])
+        spec, options = testbed.settings[name], EXTRA.get(name, [])
         warmup = ppc.parse_spec(spec).warmup_steps
         steps = steps_to_target(r["evals"], target)
         links = next((t for run in e2e if (t := link_times(run, e2e_key(spec, options), steps, base_steps, warmup))), {})
         delta = r["final"] - target
         fwd, bwd = elem_bits * r["act_wire"] / base["act_raw"], elem_bits * r["grad_wire"] / base["grad_raw"]
-        out.append({"name": name, "spec": spec, "options": options, "seed": SEEDS.get(name, 0),
+        out.append({"name": name, "model": testbed.model, "spec": spec, "options": options, "seed": SEEDS.get(name, 0),
                     "bits_fwd": fwd, "bits_bwd": bwd, "bits_avg": (fwd + bwd) / 2,
+                    "x_fp32": 64 / (fwd + bwd), "x_bf16": 32 / (fwd + bwd),
                     "wire_ratio": (base["act_raw"] + base["grad_raw"]) / r["wire"], "final_val_loss": r["final"], "delta": delta,
                     "noise_floor": floor, "tolerance": tol,
                     "steps_to_target": steps, "base_step_at_this_loss": steps_to_target(base["evals"], r["final"]),
                     "links": links,
                     "parity": {"loss_rule": None if tol is None else ("parity" if delta <= tol else "worse"),
-                               "lm_eval": "baseline" if name == "base" else verdicts.get(name)}})
+                               "lm_eval": "baseline" if name == testbed.base else verdicts.get(name)}})
     return out
 
 
@@ -268,27 +290,39 @@ def plot(rows: list[dict[str, Any]], where: Path) -> list[str]:
     return ["quality_vs_bits", "speedup_vs_r"]
 
 
-def build(results: Path, e2e: list[Path], out: Path) -> list[dict[str, Any]]:
-    """frontier.json from the long study's logs, the e2e step times and the parity report (if run)."""
-    runs = {n: r for n in LONG if (r := load_run(results / n))}
-    if "base" not in runs:
-        raise SystemExit(f"no baseline run in {results}: run `python eval/study.py --protocol long --only base` first")
+def build(results: Path, e2e: list[Path], out: Path, testbed: Testbed = TESTBEDS["long"]) -> list[dict[str, Any]]:
+    """frontier.json's rows of one testbed from its logs, the e2e step times and the parity report (if run); the rows
+    of the other testbeds in `out` stay. Returns every row."""
+    runs = {n: r for n in testbed.settings if (r := load_run(results / n))}
+    if testbed.base not in runs:
+        raise SystemExit(f"no baseline run in {results}: run eval/study.py's {testbed.base} first")
     missing = [str(p) for p in e2e if not p.exists()]
     if missing:
         raise SystemExit(f"no step times in {', '.join(missing)}: run benchmarks/e2e.py (its command heads each .md)")
-    rows = frontier(runs, [load_e2e(p) for p in e2e], lm_eval_verdicts(results / "parity.json"))
-    out.write_text(json.dumps(rows, indent=1))
-    return rows
+    rows = frontier(runs, [load_e2e(p) for p in e2e], lm_eval_verdicts(results / "parity.json"), testbed)
+    kept = [r for r in json.loads(out.read_text()) if r.get("model", "small GPT") != testbed.model] if out.exists() else []
+    every = kept + rows
+    out.write_text(json.dumps(every, indent=1))
+    return every
+
+
+def of_model(rows: list[dict[str, Any]], model: str = "small GPT") -> list[dict[str, Any]]:
+    """The rows of one testbed (rows written before the model field are the small GPT's)."""
+    return [r for r in rows if r.get("model", "small GPT") == model]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results", type=Path, default=RESULTS / "long")
-    ap.add_argument("--e2e", type=Path, nargs="+", default=E2E, help="e2e.py CSVs; a setting uses the first that measured it")
+    ap.add_argument("--testbed", choices=list(TESTBEDS), default="long")
+    ap.add_argument("--results", type=Path, default=None, help="default eval/results/<the testbed's folder>")
+    ap.add_argument("--e2e", type=Path, nargs="*", default=None,
+                    help="e2e.py CSVs; a setting uses the first that measured it (default: the small GPT's; none for smollm2)")
     ap.add_argument("--out", type=Path, default=RESULTS / "frontier.json")
     args = ap.parse_args()
-    rows = build(args.results, args.e2e, args.out)
-    print("\n".join(table(rows)))
+    testbed = TESTBEDS[args.testbed]
+    e2e = args.e2e if args.e2e is not None else (E2E if args.testbed == "long" else [])
+    rows = build(args.results or RESULTS / testbed.results, e2e, args.out, testbed)
+    print("\n".join(table(of_model(rows, testbed.model))))
     print(f"{len(rows)} settings -> {args.out}")
 
 

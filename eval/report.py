@@ -212,10 +212,11 @@ def epochs_section(ftep: dict[str, dict], rel: Path, results: Path, readme: Path
 def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, dict], ftep: dict[str, dict],
                  args: argparse.Namespace) -> list[str]:
     rel = args.out.parent
-    rows = frontier.build(args.results / "long", args.e2e, args.results / "frontier.json")
+    every = frontier.build(args.results / "long", args.e2e, args.results / "frontier.json")
+    rows = frontier.of_model(every)
     if args.readme is not None:
         update_readme(args.readme, "frontier", frontier_block(rows))
-        update_readme(args.summary, "presets", presets_block(rows))
+        update_readme(args.summary, "presets", presets_block(every))
     made = frontier.plot(rows, rel / "plots" / "long")
     made += curves(long, rel / "plots" / "long", LONG_GROUPS)
     old, new = Findings({**short, **ft}), Findings(long)

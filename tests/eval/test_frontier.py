@@ -1,4 +1,5 @@
 """eval/frontier.py: steps and time to target, the links' comm/compute ratio, the per-setting frontier rows."""
+import json
 import math
 
 import pytest
@@ -45,8 +46,8 @@ def _run(final_curve, act_wire, grad_wire, raw=4.0):
 
 
 def test_frontier_rows_combine_quality_and_link_times(monkeypatch):
-    monkeypatch.setattr(fr, "LONG", {"base": "none", "base-seed1": "none", "int8": "int8", "act-int4_grad-int3stoch-warm100":
-                                     "act=int4,grad=int3:stoch,warmup=100", "slow": "int2"})
+    settings = {"base": "none", "base-seed1": "none", "int8": "int8", "act-int4_grad-int3stoch-warm100":
+                "act=int4,grad=int3:stoch,warmup=100", "slow": "int2"}
     monkeypatch.setattr(fr, "EXTRA", {})
     runs = {"base": _run([(500, 5.0), (1000, 4.0)], 4.0, 4.0),
             "base-seed1": _run([(500, 5.1), (1000, 4.05)], 4.0, 4.0),
@@ -60,8 +61,10 @@ def test_frontier_rows_combine_quality_and_link_times(monkeypatch):
     # a later e2e run measured the int4/int3 spec, side by side with its own uncompressed rows
     later = {"none": {none: row(1.1, 0), i43: row(1.0, 0)}, "2mbit": {none: row(12.1, 2), i43: row(2.0, 2)}}
     e2e = [first, later]
-    rows = {r["name"]: r for r in fr.frontier(runs, e2e, {"int8": "parity"})}
+    rows = {r["name"]: r for r in fr.frontier(runs, e2e, {"int8": "parity"},
+                                              fr.Testbed("small GPT", settings, "base", "base-seed1", "long"))}
     b, r8 = rows["base"], rows["int8"]
+    assert {r["model"] for r in rows.values()} == {"small GPT"} and r8["x_fp32"] == 4.0 and r8["x_bf16"] == 2.0
     assert b["steps_to_target"] == 1000.0 and b["links"]["2mbit"]["speedup"] == 1.0 and b["links"]["2mbit"]["r"] == 10.0
     assert r8["steps_to_target"] == pytest.approx(950.0)
     assert r8["links"]["2mbit"]["speedup"] == pytest.approx(1000 * 11.0 / (950 * 3.0))
@@ -117,3 +120,13 @@ def test_a_speedup_from_another_e2e_run_shows_its_own_r():
     assert fr._cell({"speedup": 2.0, "r": 10.1}, 10.0) == "2.00x"  # within 2%: the column's r holds
     assert fr._cell({"speedup": 2.0, "r": 8.0}, 10.0) == "2.00x (r=8.0)"  # machine drift between e2e runs
     assert fr._cell({"speedup": None, "r": 8.0}, 10.0) == "never"
+
+
+def test_build_keeps_the_other_testbeds_rows(tmp_path, monkeypatch):
+    """frontier.json holds both models: rebuilding one testbed replaces its rows and keeps the other's."""
+    out = tmp_path / "frontier.json"
+    out.write_text(json.dumps([{"name": "sm-base", "model": "SmolLM2-135M"}, {"name": "old", "model": "small GPT"}]))
+    monkeypatch.setattr(fr, "load_run", lambda p: _run([(500, 5.0), (1000, 4.0)], 4.0, 4.0) if p.name == "base" else None)
+    rows = fr.build(tmp_path, [], out, fr.Testbed("small GPT", {"base": "none"}, "base", "base-seed1", "long"))
+    assert [(r["name"], r["model"]) for r in rows] == [("sm-base", "SmolLM2-135M"), ("base", "small GPT")]
+    assert json.loads(out.read_text()) == rows and fr.of_model(rows, "SmolLM2-135M")[0]["name"] == "sm-base"
