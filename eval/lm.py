@@ -33,29 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import pp_compress as ppc  # noqa: E402
 from recipes import data  # noqa: E402
+from recipes.kvcache import load_model  # noqa: E402,F401 - benchmarks/ use it from here
 from recipes.model import GPT, GPTConfig, stage_cuts  # noqa: E402,F401 - stage_cuts: eval/ and benchmarks/ use it from here
-
-
-def load_model(checkpoint: str | Path) -> tuple[GPT, Any, int]:
-    """(model, tokenizer, trained sequence length) of a recipe run directory or a transformers folder."""
-    checkpoint = Path(checkpoint)
-    info = data.run_record(checkpoint)
-    if info is not None:
-        meta = dict(info["model"])
-        tok = data.run_tokenizer(checkpoint, meta.pop("tokenizer"))
-        meta.pop("base_checkpoint", None)
-        model = GPT(GPTConfig(**meta))
-        tag = (checkpoint / "ckpt" / "latest").read_text().strip()
-        for i, layer in enumerate(model.layers):  # DeepSpeed writes one file per pipeline layer
-            f = checkpoint / "ckpt" / tag / f"layer_{i:02d}-model_states.pt"
-            if f.exists():
-                layer.load_state_dict(torch.load(f, map_location="cpu", weights_only=True))
-            elif any(True for _ in layer.parameters(recurse=False)):
-                raise FileNotFoundError(f"{f} is missing")
-        return model.eval(), tok, int(info["args"].get("seq_len", 1024))
-    if (checkpoint / "config.json").exists():
-        return GPT(GPTConfig.from_hf(checkpoint), checkpoint).eval(), data.load_tokenizer(str(checkpoint)), 2048
-    raise FileNotFoundError(f"{checkpoint}: neither a recipe run (run.json) nor a transformers folder (config.json)")
 
 
 class Staged(nn.Module):

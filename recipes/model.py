@@ -182,6 +182,14 @@ def _rope(cfg: GPTConfig, t: int, device: torch.device) -> tuple[Tensor, Tensor]
     return emb.cos(), emb.sin()
 
 
+def _rope_at(cfg: GPTConfig, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """cos, sin at each sequence's own positions (B, T) -> (B, 1, T, hd) each (generation with a KV cache)."""
+    inv = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=positions.device, dtype=torch.float32) / cfg.head_dim)
+    freqs = positions.float()[..., None] * inv  # (B, T, hd/2)
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, hd)
+    return emb.cos(), emb.sin()
+
+
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     x1, x2 = x.chunk(2, dim=-1)  # (B, H, T, hd/2) each
     return (x.float() * cos + torch.cat([-x2, x1], dim=-1).float() * sin).to(x.dtype)  # (B, H, T, hd)
@@ -317,6 +325,31 @@ class Block(_Loadable):
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != n_head)  # (B, H, T, hd)
         return self.o(y.transpose(1, 2).reshape(b, t, n_head * hd))  # (B, T, D)
+
+    def cached(self, h: Tensor, cache: dict[str, Tensor], positions: Tensor, key_valid: Tensor) -> Tensor:
+        """One generation step with this block's KV cache: h (B, T, D) at positions (B, T) -> (B, T, D). The cache
+        holds "k", "v" (B, KV, L, hd) and "len" (filled slots); key_valid (B, len + T) marks real (not padding)
+        keys. Attention is causal over the filled slots plus the new ones."""
+        b, t, _ = h.shape
+        cfg, hd, start = self.cfg, self.cfg.head_dim, int(cache["len"])
+        x = self.attn_norm(h)
+        q = self.q(x).view(b, t, cfg.n_head, hd).transpose(1, 2)  # (B, H, T, hd)
+        k = self.k(x).view(b, t, cfg.kv_heads, hd).transpose(1, 2)  # (B, KV, T, hd)
+        v = self.v(x).view(b, t, cfg.kv_heads, hd).transpose(1, 2)  # (B, KV, T, hd)
+        cos, sin = _rope_at(cfg, positions)  # (B, 1, T, hd)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        cache["k"][:, :, start:start + t], cache["v"][:, :, start:start + t] = k, v
+        cache["len"] = torch.tensor(start + t)
+        keys = torch.arange(start + t, device=h.device)  # (L',)
+        query = (start + torch.arange(t, device=h.device))[:, None]  # (T, 1)
+        # real keys up to the query, and always the query's own slot: a padding query with no real key before it would
+        # otherwise attend to nothing (NaN); padding keys stay masked for the real queries
+        mask = ((keys[None, :] <= query)[None, None] & key_valid[:, None, None, : start + t]) | (keys[None, :] == query)
+        mask = mask.expand(b, 1, t, start + t)  # (B, 1, T, L')
+        y = F.scaled_dot_product_attention(q, cache["k"][:, :, : start + t], cache["v"][:, :, : start + t], attn_mask=mask,
+                                           enable_gqa=cfg.kv_heads != cfg.n_head)  # (B, H, T, hd)
+        h = h + self.o(y.transpose(1, 2).reshape(b, t, cfg.n_head * hd))  # (B, T, D)
+        return h + self.mlp(self.mlp_norm(h))
 
     def mlp(self, x: Tensor) -> Tensor:
         if self.cfg.mlp == "swiglu":
