@@ -16,7 +16,7 @@ attention. Greedy unless `temperature > 0` (then seeded by `seed`).
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -104,9 +104,10 @@ class PipelineGenerator:
     # --- generation ---------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompts: list[list[int]] | None, max_new_tokens: int, stop_token: int | None = None,
-                 temperature: float = 0.0, seed: int = 0, pad_token: int = 0) -> list[list[int]] | None:
+                 temperature: float = 0.0, seed: int = 0, pad_token: int = 0,
+                 on_step: Callable[[int], None] | None = None) -> list[list[int]]:
         """New tokens per prompt (on every rank), until `stop_token` (kept) or `max_new_tokens`. Stage 0 passes the
-        prompts (token-id lists); the other stages pass None."""
+        prompts (token-id lists); the other stages pass None. `on_step(step)` runs after each step (a progress bar)."""
         lens = self._broadcast_lengths(prompts)
         b, longest = len(lens), max(lens)
         if min(lens) < 1:
@@ -142,6 +143,8 @@ class PipelineGenerator:
             dist.broadcast(nxt, src=self.ranks[-1])
             for r in range(b):
                 out[r].append(int(nxt[r]))
+            if on_step is not None:
+                on_step(step)
             if int(nxt[b]):
                 break
             ids = nxt[:b, None].clone()  # (B, 1)

@@ -5,9 +5,11 @@
 
 --checkpoint is a run directory of pretrain.py/finetune.py (DeepSpeed checkpoint in <dir>/ckpt) or a
 LLaMA-family transformers folder. Inference-time compression is the spec's `eval` (else its `act`);
-`--pp-compress none` runs uncompressed. Every pipeline pass has the fixed shape (micro-batch, seq-len):
-prompts are right-padded (attention is causal, so padding never changes earlier positions) and each new
-token is read at its position. Greedy unless --temperature > 0 (seeded). Writes --out as JSON if given.
+`--pp-compress none` runs uncompressed. Generation is KV-cached (pp_compress.generate): each stage keeps its
+layers' cache, the prompts (left-padded, a batch) cross each boundary once, then one position per sequence per
+new token; it prints time to first token, decode tokens/s, and where the time went (compute, wire,
+(de)compression). Perplexity (--data) and --no-kv-cache run DeepSpeed's fixed-shape eval_batch (micro-batch,
+seq-len), recomputing every position. Greedy unless --temperature > 0 (seeded). Writes --out as JSON if given.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -95,12 +98,51 @@ def generate(engine: Any, tok: Any, prompts: list[str], args: argparse.Namespace
     return [tok.decode(ids[r, : lens[r]].tolist()) for r in range(len(prompts))]
 
 
+def generate_cached(args: argparse.Namespace, prompts: list[str]) -> dict[str, Any]:
+    """KV-cached pipelined generation (pp_compress.generate): each stage process keeps its layers and their cache;
+    prefill sends the prompts' hidden states once, each decode step one position per sequence."""
+    import torch.distributed as dist
+    from tqdm import tqdm
+
+    from pp_compress.generate import PipelineGenerator
+    from recipes.kvcache import CachedStage, load_model
+
+    model, tok, trained_len = load_model(args.checkpoint)
+    rank, stages = dist.get_rank(), dist.get_world_size()
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    model.to(dtype)
+    context = args.context or trained_len
+    gen = PipelineGenerator(CachedStage(model, rank, stages), rank, stages, hidden=(model.cfg.d_model, dtype),
+                            compression=args.pp_compress, context=context)
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts] if rank == 0 else None
+    bar = tqdm(total=args.max_new_tokens, disable=rank != 0, unit="tok", desc="generating")
+    t0 = time.perf_counter()
+    first: list[float] = []
+    out = gen.generate(ids, args.max_new_tokens, stop_token=tok.eos_token_id if args.stop_at_eos else None,
+                       temperature=args.temperature, seed=args.seed, pad_token=tok.eos_token_id or 0,
+                       on_step=lambda s: (first.append(time.perf_counter() - t0) if s == 0 else None, bar.update(1)))
+    bar.close()
+    total = time.perf_counter() - t0
+    steps = max(len(o) for o in out)
+    every = [None] * stages
+    dist.all_gather_object(every, gen.stats())
+    return {"generations": [p + tok.decode(o) for p, o in zip(prompts, out)], "new_tokens": out,
+            "time_to_first_token_s": first[0], "decode_tokens_per_s": len(out) * (steps - 1) / max(total - first[0], 1e-9),
+            "total_s": total, "per_stage": every}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", type=Path, required=True)
     ap.add_argument("--tokenizer", default=None, help="default: the run's / the checkpoint's")
     ap.add_argument("--prompt", action="append", default=[], help="repeatable")
+    ap.add_argument("--prompt-file", type=Path, default=None, help="one prompt per line (generated as one batch)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--stop-at-eos", action="store_true", help="stop a sequence at the tokenizer's end-of-sequence token")
+    ap.add_argument("--context", type=int, default=None,
+                    help="positions the model may attend over (default: the run's --seq-len, 2048 for a transformers folder)")
+    ap.add_argument("--no-kv-cache", action="store_true",
+                    help="generate through DeepSpeed's fixed-shape eval_batch, recomputing every position each token")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--data", default=None, help="corpus name or .txt/.jsonl path: report validation perplexity")
     ap.add_argument("--ppl-batches", type=int, default=16, help="micro-batches of validation text")
@@ -122,8 +164,11 @@ def main() -> None:
 
     if dist.get_world_size() != args.stages:
         raise SystemExit(f"inference runs one pipeline: start --stages ({args.stages}) processes, not {dist.get_world_size()}")
-    engine, tok, cfg = load(args)
-    result: dict[str, Any] = {"checkpoint": str(args.checkpoint), "pp_compress": str(engine.pp_compress_config())}
+    prompts = args.prompt + (args.prompt_file.read_text().splitlines() if args.prompt_file else [])
+    engine = None
+    if args.data or (prompts and args.no_kv_cache):
+        engine, tok, cfg = load(args)
+    result: dict[str, Any] = {"checkpoint": str(args.checkpoint), "pp_compress": str(ppd.check_args(args))}
     if args.data:
         trained = data.run_val_fraction(args.checkpoint)
         frac = args.val_fraction if args.val_fraction is not None else trained if trained is not None else data.VAL_FRACTION
@@ -133,12 +178,20 @@ def main() -> None:
                 return data.lm_datasets(data.corpus_files(args.data), tok, args.seq_len, frac)[1]
             return data.sft_datasets(Path(args.data), tok, args.seq_len, frac)[1]
         result["val_ppl"] = perplexity(engine, train.rank0_first(val), args.micro_batch, args.ppl_batches)
-    if args.prompt:
-        result["generations"] = generate(engine, tok, args.prompt, args)
-    result["stats"] = engine.pp_compress_stats()
+    if prompts and args.no_kv_cache:
+        result["generations"] = generate(engine, tok, prompts, args)
+    elif prompts:
+        result.update(generate_cached(args, prompts))
+    if engine is not None:
+        result["stats"] = engine.pp_compress_stats()
     if dist.get_rank() == 0:
         for text in result.get("generations", []):
             print(f"--- {text}")
+        if "per_stage" in result:
+            t = {k: sum(s["timings"][k] for s in result["per_stage"]) for k in ("compute", "wire", "codec")}
+            print(f"time to first token {result['time_to_first_token_s']:.3f} s, decode {result['decode_tokens_per_s']:.1f} "
+                  f"tokens/s; summed over stages: compute {t['compute']:.2f} s, wire {t['wire']:.2f} s, "
+                  f"(de)compression {t['codec']:.2f} s")
         if "val_ppl" in result:
             print(f"validation perplexity: {result['val_ppl']:.3f} ({result['pp_compress']})")
         if args.out:

@@ -81,6 +81,14 @@ def test_infer_generates_and_reproduces_the_validation_loss(pretrained, tmp_path
                 "--micro-batch", "2", "--pp-compress", "act=int8,grad=topk:0.3+ef", "--out", str(res)))
     out = json.loads(res.read_text())
     assert out["generations"][0].startswith("My lord,") and len(out["generations"]) == 2
+    assert out["time_to_first_token_s"] > 0 and [s["timings"]["compute"] > 0 for s in out["per_stage"]] == [True] * 2
+    # the KV-cached generator and the recomputing eval_batch path agree on greedy tokens (uncompressed)
+    for flag, name in (([], "kv.json"), (["--no-kv-cache"], "full.json")):
+        ok(*run_job(ROOT / "recipes/infer.py", 2, "--checkpoint", str(pretrained), "--prompt", "My lord,", "--prompt", "O",
+                    "--max-new-tokens", "4", "--seq-len", "32", "--micro-batch", "2", "--pp-compress", "none",
+                    "--out", str(tmp_path / name), *flag))
+    kv, full = (json.loads((tmp_path / n).read_text())["generations"] for n in ("kv.json", "full.json"))
+    assert kv == full
     # pretraining's last evaluation (int8 at inference, as trained): 2 pipeline batches x 2 micro-batches = these 4
     assert math.isclose(math.log(out["val_ppl"]), rows(pretrained, "eval")[-1]["val_loss"], rel_tol=1e-5)
 
