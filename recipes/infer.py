@@ -115,6 +115,9 @@ def generate_cached(args: argparse.Namespace, prompts: list[str]) -> dict[str, A
     gen = PipelineGenerator(CachedStage(model, rank, stages), rank, stages, hidden=(model.cfg.d_model, dtype),
                             compression=args.pp_compress, context=context)
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts] if rank == 0 else None
+    from pp_compress.ops.fused import kernels
+
+    kernels()  # built (or loaded) before the clock starts: a first build takes about a minute
     bar = tqdm(total=args.max_new_tokens, disable=rank != 0, unit="tok", desc="generating")
     t0 = time.perf_counter()
     first: list[float] = []
