@@ -191,7 +191,9 @@ class CompressionConfig:
     """Steps sent uncompressed before compression starts."""
     min_numel: int = 1024
     """Tensors with fewer elements than this are sent uncompressed. The default keeps scalars and tiny tensors
-    (a MoE model's aggregated loss, gates, small masks) exact: below ~4 KB a message's cost is its latency."""
+    (a MoE model's aggregated loss, gates, small masks) exact: below ~4 KB a message's cost is its latency. It is a
+    fixed count rather than one scaled to the hidden size because what it protects (scalars, gates, masks) does not
+    scale with the model; a boundary whose every message falls below it warns once and names this setting."""
     seed: int = 0
     """Seed of every random choice (RandK indices, stochastic rounding, sketches)."""
     nonfinite: str = "raise"
