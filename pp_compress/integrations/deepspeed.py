@@ -25,7 +25,7 @@ from typing import Any
 import deepspeed
 import torch
 from deepspeed.runtime.pipe import p2p, schedule
-from deepspeed.runtime.pipe.dualpipev import DualPipeVModule
+from deepspeed.runtime.pipe.dualpipev import DualPipeVEngine, DualPipeVModule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.runtime.pipe.module import PipelineModule
 from deepspeed.runtime.utils import PartitionedTensor
@@ -34,6 +34,7 @@ from deepspeed.utils import logger
 from ..config import CompressionConfig
 from ..ops.base import TensorSpec
 from ..pipe import StageCompression, View, sample_ids_of
+from ..policy import Where
 from ..runtime import SECTION, check_same_config, load_json, load_state, resolve_config, save_state, spec_arg
 from ..stats import format_table
 
@@ -58,7 +59,60 @@ def partition_view(meta: list[int], batch_dim: int) -> View:
     return (length,), None
 
 
-class CompressedPipelineEngine(PipelineEngine):
+class _Compressed:
+    """What every compressed engine adds besides its p2p: counters, logging, checkpointed compression state, and the
+    micro-batch counters that pair a sender's k-th message with the receiver's k-th."""
+
+    pp_compress: StageCompression
+
+    def _exec_schedule(self, pipe_schedule: Any) -> None:
+        self._pp_mb: dict[Any, int] = {}  # each instruction type runs in micro-batch order: count per type
+        super()._exec_schedule(pipe_schedule)  # type: ignore[misc]
+
+    def _mb(self, kind: Any) -> int:
+        n = self._pp_mb.get(kind, 0)
+        self._pp_mb[kind] = n + 1
+        return n
+
+    # --- statistics and logging ---------------------------------------------------------------
+    def pp_compress_stats(self) -> dict[str, dict[str, Any]]:
+        """This stage's counters: raw and wire bytes, ratio, time, relative error (and its sums err_sq / ref_sq), per
+        boundary and direction ("b0.act", "b0.grad", "b0.act_eval")."""
+        return {k: v.as_dict() for k, v in self.pp_compress.stats.items() if v.calls or v.decompress_s}
+
+    def pp_compress_report(self) -> str:
+        """This stage's counters as a table (what `train_batch` logs every steps_per_print steps)."""
+        rows = {k: v for k, v in self.pp_compress.stats.items() if v.calls}
+        return f"pp_compress stage {self.stage_id} step {self.global_steps}\n{format_table(rows)}"
+
+    def pp_compress_config(self) -> CompressionConfig:
+        """The compression config this engine runs."""
+        return self.pp_compress.cfg
+
+    def train_batch(self, data_iter: Any = None) -> Any:
+        loss = super().train_batch(data_iter)
+        every = self.steps_per_print()
+        if every and self.global_steps % every == 0 and self.grid.data_parallel_id == 0:
+            logger.info(self.pp_compress_report())
+        return loss
+
+    # --- checkpoints: one file of compression state per global rank ---------------------------
+    def save_checkpoint(self, save_dir: str, tag: Any = None, client_state: dict | None = None,
+                        save_latest: bool = True, **kwargs: Any) -> Any:
+        tag = f"global_step{self.global_steps}" if tag is None else str(tag)
+        # Before super(): it ends with a barrier and writes `latest` last, so no rank sees a partial checkpoint.
+        save_state(self.pp_compress, os.path.join(save_dir, tag), self.global_rank)
+        return super().save_checkpoint(save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest, **kwargs)
+
+    def load_checkpoint(self, load_dir: str, tag: Any = None, **kwargs: Any) -> Any:
+        load_path, client_state = super().load_checkpoint(load_dir, tag=tag, **kwargs)
+        if load_path is not None and not kwargs.get("load_module_only"):  # weights only: no training state
+            load_state(self.pp_compress, os.path.dirname(load_path), self.global_rank)
+        return load_path, client_state
+
+
+
+class CompressedPipelineEngine(_Compressed, PipelineEngine):
     """PipelineEngine with compressed SendActivation/RecvActivation/SendGrad/RecvGrad."""
 
     pp_compress: StageCompression
@@ -79,15 +133,6 @@ class CompressedPipelineEngine(PipelineEngine):
         receiver must read it again (else that message would be taken for the first payload)."""
         super().reset_activation_shape()
         self._pp_act_specs = None
-
-    def _exec_schedule(self, pipe_schedule: Any) -> None:
-        self._pp_mb = {}  # each instruction type runs in micro-batch order: count per type
-        super()._exec_schedule(pipe_schedule)
-
-    def _mb(self, kind: str) -> int:
-        n = self._pp_mb.get(kind, 0)
-        self._pp_mb[kind] = n + 1
-        return n
 
     def _where(self, kind: str) -> dict[str, Any]:
         return {"step": self.global_steps, "micro_batch": self._mb(kind), "training": self.module.training}
@@ -163,41 +208,98 @@ class CompressedPipelineEngine(PipelineEngine):
         schedule.RecvGrad: _exec_recv_grads,
     }
 
-    # --- statistics and logging ---------------------------------------------------------------
-    def pp_compress_stats(self) -> dict[str, dict[str, Any]]:
-        """This stage's counters: raw and wire bytes, ratio, time, relative error (and its sums err_sq / ref_sq), per
-        boundary and direction ("b0.act", "b0.grad", "b0.act_eval")."""
-        return {k: v.as_dict() for k, v in self.pp_compress.stats.items() if v.calls or v.decompress_s}
+class CompressedDualPipeVEngine(_Compressed, DualPipeVEngine):
+    """DualPipeVEngine whose batched p2p carries compressed payloads. Rank r runs model stage r in phase 0 and model
+    stage 2N - 1 - r in phase 1 (N ranks, 2N model stages); boundary b lies between model stages b and b + 1. Its
+    receives are posted with the other p2p ops of a step and decoded once CommitP2P has waited for them."""
 
-    def pp_compress_report(self) -> str:
-        """This stage's counters as a table (what `train_batch` logs every steps_per_print steps)."""
-        rows = {k: v for k, v in self.pp_compress.stats.items() if v.calls}
-        return f"pp_compress stage {self.stage_id} step {self.global_steps}\n{format_table(rows)}"
+    def pp_compress_setup(self, cfg: CompressionConfig) -> None:
+        specs = [cfg.activations, cfg.gradients, *(x for o in cfg.boundaries.values() for x in (o.activations, o.gradients) if x)]
+        if any(spec.feedback == "aqsgd" for spec in specs):
+            raise NotImplementedError("+aqsgd under DualPipeV: its sample ids would have to be received before the payloads "
+                                      "they size, and DualPipeV posts a step's receives together; use +ef / +ef21 or none")
+        check_same_config(cfg)
+        self.pp_compress = StageCompression(cfg, self.stage_id, 2 * self.num_stages)
+        self._pp_mb = {}
+        self._pp_pending: list[tuple[str, int, bool, list[TensorSpec], Where, list, list]] = []
 
-    def pp_compress_config(self) -> CompressionConfig:
-        """The compression config this engine runs."""
-        return self.pp_compress.cfg
+    def _model_stage(self, phase: int) -> int:
+        return self.stage_id if phase == 0 else 2 * self.num_stages - 1 - self.stage_id
 
-    def train_batch(self, data_iter: Any = None) -> Any:
-        loss = super().train_batch(data_iter)
-        every = self.steps_per_print()
-        if every and self.global_steps % every == 0 and self.grid.data_parallel_id == 0:
-            logger.info(self.pp_compress_report())
-        return loss
+    def _at(self, boundary: int, direction: str, kind: str, phase: int) -> Where:
+        return Where(boundary, direction, self.global_steps, self._mb((kind, phase)), self.module.training)
 
-    # --- checkpoints: one file of compression state per global rank ---------------------------
-    def save_checkpoint(self, save_dir: str, tag: Any = None, client_state: dict | None = None,
-                        save_latest: bool = True, **kwargs: Any) -> Any:
-        tag = f"global_step{self.global_steps}" if tag is None else str(tag)
-        # Before super(): it ends with a barrier and writes `latest` last, so no rank sees a partial checkpoint.
-        save_state(self.pp_compress, os.path.join(save_dir, tag), self.global_rank)
-        return super().save_checkpoint(save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest, **kwargs)
+    def _exec_send_activations(self, buffer_id: int, phase: int) -> None:
+        outputs = self.pipe_buffers["outputs"][buffer_id]
+        stage = self._downstream_stage(phase)
+        if self._first_send[phase]:  # DeepSpeed's meta handshake, once per phase, uncompressed
+            self._first_send[phase] = False
+            self._send_tensor_meta(outputs, stage)
+        where = self._at(self._model_stage(phase), "act", "send_act", phase)
+        tensors = [outputs] if torch.is_tensor(outputs) else list(outputs)
+        self._queue_p2p(deepspeed.comm.isend, [b for _, b in self.pp_compress.encode(tensors, where)], stage)
+        if not torch.is_grad_enabled():
+            self.pipe_buffers["outputs"][buffer_id] = None
 
-    def load_checkpoint(self, load_dir: str, tag: Any = None, **kwargs: Any) -> Any:
-        load_path, client_state = super().load_checkpoint(load_dir, tag=tag, **kwargs)
-        if load_path is not None and not kwargs.get("load_module_only"):  # weights only: no training state
-            load_state(self.pp_compress, os.path.dirname(load_path), self.global_rank)
-        return load_path, client_state
+    def _exec_recv_activations(self, buffer_id: int, phase: int) -> None:
+        stage = self._upstream_stage(phase)
+        if self._recv_specs[phase] is None:
+            meta = self._recv_tensor_meta(stage)
+            self._recv_specs[phase] = (torch.is_tensor(meta), [(t.shape, t.dtype) for t in ([meta] if torch.is_tensor(meta) else meta)])
+        is_tensor, shapes = self._recv_specs[phase]
+        specs = [TensorSpec(tuple(shape), dtype) for shape, dtype in shapes]
+        self._post_recv("act", buffer_id, is_tensor, specs, self._at(self._model_stage(phase) - 1, "act", "recv_act", phase), stage)
+
+    def _exec_send_grads(self, buffer_id: int, phase: int) -> None:
+        inputs = self.pipe_buffers["inputs"][buffer_id]
+        grads = [t.grad for t in ([inputs] if torch.is_tensor(inputs) else inputs) if t.is_floating_point()]
+        if any(g is None for g in grads):
+            raise RuntimeError(f"stage {self.stage_id}: a floating-point input received no gradient; cannot send it back")
+        where = self._at(self._model_stage(phase) - 1, "grad", "send_grad", phase)
+        self._queue_p2p(deepspeed.comm.isend, [b for _, b in self.pp_compress.encode(grads, where)], self._upstream_stage(phase))
+        self.pipe_buffers["inputs"][buffer_id] = None
+
+    def _exec_recv_grads(self, buffer_id: int, phase: int) -> None:
+        outputs = self.pipe_buffers["outputs"][buffer_id]
+        specs = [TensorSpec(tuple(t.shape), t.dtype) for t in ([outputs] if torch.is_tensor(outputs) else outputs)
+                 if t.is_floating_point()]
+        where = self._at(self._model_stage(phase), "grad", "recv_grad", phase)
+        self._post_recv("grad", buffer_id, torch.is_tensor(outputs), specs, where, self._downstream_stage(phase))
+
+    def _post_recv(self, kind: str, buffer_id: int, is_tensor: bool, specs: list[TensorSpec], where: Where,
+                   stage: int) -> None:
+        plain = self.pp_compress.plain_buffers(specs, self.device)
+        known: list[Any] = [None] * len(specs)
+        for i, buf in plain:
+            known[i] = buf
+        floats = self.pp_compress.recv_buffers(specs, where, self.device, known)
+        self._queue_p2p(deepspeed.comm.irecv, [b for _, b in plain + floats], stage)
+        self._pp_pending.append((kind, buffer_id, is_tensor, specs, where, plain, floats))
+        self.pipe_buffers["inputs" if kind == "act" else "grads"][buffer_id] = None  # filled after the commit
+
+    def _exec_commit_p2p(self) -> None:
+        super()._exec_commit_p2p()  # posts and waits for every queued op
+        for kind, buffer_id, is_tensor, specs, where, plain, floats in self._pp_pending:
+            known: list[Any] = [None] * len(specs)
+            for i, buf in plain:
+                known[i] = buf.view(torch.bool) if specs[i].dtype == torch.bool else buf
+            out = self.pp_compress.decode(specs, where, known, floats)
+            if kind == "act":
+                for t in out:
+                    t.requires_grad_(t.is_floating_point())
+                self.pipe_buffers["inputs"][buffer_id] = out[0] if is_tensor else tuple(out)
+            else:
+                self.pipe_buffers["grads"][buffer_id] = out[0] if is_tensor else out
+        self._pp_pending = []
+
+    _INSTRUCTION_MAP = {
+        **DualPipeVEngine._INSTRUCTION_MAP,
+        schedule.SendActivation: _exec_send_activations,
+        schedule.RecvActivation: _exec_recv_activations,
+        schedule.SendGrad: _exec_send_grads,
+        schedule.RecvGrad: _exec_recv_grads,
+        schedule.CommitP2P: _exec_commit_p2p,
+    }
 
 
 def _ids(tensors: Any) -> Any:
@@ -206,21 +308,19 @@ def _ids(tensors: Any) -> Any:
 
 def initialize(model: PipelineModule, config: dict | str | None = None,
                compression: CompressionConfig | str | dict | None = None, **kwargs: Any) -> tuple:
-    """Drop-in for deepspeed.initialize that returns a CompressedPipelineEngine."""
+    """Drop-in for deepspeed.initialize that returns a CompressedPipelineEngine (CompressedDualPipeVEngine for a
+    DualPipeVModule)."""
     if not isinstance(model, PipelineModule):
         raise TypeError(f"pp_compress compresses pipeline traffic: model must be a deepspeed.pipe.PipelineModule, got {type(model).__name__}")
     ds_config, cfg = resolve_config(config, compression)
-    if isinstance(model, DualPipeVModule):
-        notice("dualpipev", f"pp_compress: DeepSpeed runs this {type(model).__name__} with its DualPipeV engine, whose "
-                            f"batched p2p pp_compress does not compress yet: {cfg} is NOT applied, this run sends its "
-                            "activations and gradients uncompressed (stock DeepSpeed). Use a PipelineModule to compress.")
-        return _stock_initialize()(model=model, config=ds_config, **kwargs)
-    saved = deepspeed.PipelineEngine
-    deepspeed.PipelineEngine = CompressedPipelineEngine
+    name, engine = ("DualPipeVEngine", CompressedDualPipeVEngine) if isinstance(model, DualPipeVModule) else \
+        ("PipelineEngine", CompressedPipelineEngine)
+    saved = getattr(deepspeed, name)
+    setattr(deepspeed, name, engine)  # deepspeed.initialize builds the engine class by this package-level name
     try:
         out = _stock_initialize()(model=model, config=ds_config, **kwargs)
     finally:
-        deepspeed.PipelineEngine = saved
+        setattr(deepspeed, name, saved)
     out[0].pp_compress_setup(cfg)
     return out
 
@@ -229,10 +329,10 @@ def enable() -> None:
     """One line for Megatron-DeepSpeed (or any script that calls `deepspeed.initialize` itself): from now on,
     `deepspeed.initialize(model=<PipelineModule>, ...)` whose DeepSpeed config (`args.deepspeed_config`, `config=`
     or `config_params=`, in DeepSpeed's own precedence) has a "pp_compress" section returns the compressed engine,
-    configured from that section. Any other call runs stock DeepSpeed unchanged: without the section silently; with
-    it, a model that is not a PipelineModule (DeepSpeedEngine) or a DualPipeVModule (DualPipeVEngine) runs stock
-    with a one-time warning that nothing is compressed. Calling it again does nothing; `disable()` restores the
-    stock function."""
+    configured from that section (a DualPipeVModule gets the compressed DualPipeV engine). Any other call runs stock
+    DeepSpeed unchanged: without the section silently; with it, a model that is not a PipelineModule
+    (DeepSpeedEngine) runs stock with a one-time warning that nothing is compressed. Calling it again does nothing;
+    `disable()` restores the stock function."""
     if getattr(deepspeed.initialize, "_pp_compress_stock", None) is not None:
         return
     stock = deepspeed.initialize
