@@ -29,10 +29,10 @@ import pp_compress as ppc  # noqa: E402
 from eval import epochs, frontier  # noqa: E402
 from pp_compress.presets import PRESETS  # noqa: E402
 from eval.findings import LEVELS, Findings, findings_compared, verdicts  # noqa: E402
-from eval.study import (COMMON, FINDINGS_RUNS, FINETUNE, FT_COMMON, FT_EP_COMMON, FT_EPOCHS, LONG, LONG_COMMON,  # noqa: E402
+from eval.study import (COMMON, FINDINGS_RUNS, FINETUNE, FT_COMMON, FT_EP_COMMON, FT_EPOCHS, LOGS, LONG, LONG_COMMON,  # noqa: E402
                         SETTINGS)
 
-KEEP = ("metrics.jsonl", "run.json", "summary.json", "infer_none.json")
+KEEP = (*LOGS, "infer_none.json")
 GROUPS = {
     "quantization": ["base", "int8", "act-int4_grad-int8", "act-int2"],
     "rotation": ["base", "int8", "act-int4_grad-int8", "act-int4rot_grad-int8", "act-int3_grad-int8", "act-int3rot_grad-int8",

@@ -14,6 +14,7 @@ without compression at inference (recipes/infer.py, `--pp-compress none`, the sa
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -208,10 +209,23 @@ def main() -> None:
             if rc != 0:
                 print(log[-3000:], flush=True)
                 continue
+        if args.protocol == "smollm2":  # the logs of a finished run go where they are committed
+            keep_logs(out, ROOT / "eval" / "results" / "smollm2" / name)
         if name in FT_FEEDBACK:  # the validation batches of FT_COMMON's evaluations
             infer_plain(name, out, 2, "--data", "austen", "--micro-batch", "2", "--ppl-batches", "16")
         elif name in FEEDBACK:
             infer_plain(name, out, 4, "--data", "shakespeare", "--ppl-batches", "32")
+
+
+LOGS = ("metrics.jsonl", "run.json", "summary.json")
+"""What of a run directory is kept in eval/results (checkpoints are not)."""
+
+
+def keep_logs(run: Path, results: Path) -> None:
+    results.mkdir(parents=True, exist_ok=True)
+    for f in LOGS:
+        if (run / f).exists():
+            shutil.copy(run / f, results / f)
 
 
 def infer_plain(name: str, out: Path, stages: int, *args: str) -> None:
