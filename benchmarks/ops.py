@@ -35,7 +35,8 @@ SPECS = ["identity", "bf16", "fp8", "int8", "int8:compile", "int8:per=channel", 
          "topk:0.3", "topk:0.1", "topk:0.1>int8", "randk:0.1", "lowrank:8"]
 SHAPES = ["1x512x768", "4x1024x1024", "8x1024x2048"]
 # --presets: the preset operators, each fused (the default) next to its eager reference (issue 28)
-PRESET_SPECS = ["int8", "int8:kernel=eager", "nf6", "nf6:kernel=eager", "int3:stoch", "nf5", "nf5:kernel=eager",
+PRESET_SPECS = ["int8", "int8:kernel=eager", "nf6", "nf6:kernel=eager", "int3:stoch", "int3:stoch:kernel=eager", "nf5",
+                "nf5:kernel=eager",
                 "nf2:stoch", "int4", "int4:kernel=eager", "int4:rot", "int4:rot:kernel=eager", "tile:3.5"]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -83,8 +83,10 @@ template <typename scalar_t> inline float load_absmax(const scalar_t* r, int64_t
 
 }  // namespace
 
-// Symmetric round-to-nearest int<bits> per group: x (groups, size) contiguous -> (codes packed, scales in sdt as fp32)
-std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt) {
+// Symmetric int<bits> per group: x (groups, size) contiguous -> (codes packed, scales in sdt as fp32). Rounds to
+// nearest, or, given `noise` (the reference's uniform draws, same shape), stochastically: floor(x / s + u) clamped to
+// -L..L, as the reference does.
+std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt, c10::optional<torch::Tensor> noise) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "sym_encode: a contiguous 2-D CPU tensor");
   const int64_t groups = x.size(0), size = x.size(1), top = (1 << (bits - 1)) - 1;
   TORCH_CHECK(size % 8 == 0 || groups <= 1, "sym_encode: rows of a multiple of 8 codes");
@@ -92,17 +94,29 @@ std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt
   auto scales = torch::empty({groups}, x.options().dtype(torch::kFloat));
   uint8_t* out = codes.data_ptr<uint8_t>();
   float* sc = scales.data_ptr<float>();
+  const float* un = noise.has_value() ? noise->data_ptr<float>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "sym_encode", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     at::parallel_for(0, groups, rows_per_task(size), [&](int64_t lo, int64_t hi) {
       std::vector<float> row(size);
-      std::vector<uint8_t> q(bits == 8 ? 0 : size);
+      std::vector<uint8_t> q(bits == 8 && un == nullptr ? 0 : size);
       for (int64_t g = lo; g < hi; ++g) {
         const float amax = load_absmax(xp + g * size, size, row.data());
         const float s = round_scale(amax / static_cast<float>(top), static_cast<int>(sdt));
         sc[g] = s;
         const float safe = s > 0.f ? s : 1.f, m = 12582912.0f;
-        if (bits == 8) {
+        if (un != nullptr) {  // floor(q + u) may reach L + 1 through fp32 rounding of the sum: clamp
+          const float* u = un + g * size, lim = static_cast<float>(top);
+          for (int64_t i = 0; i < size; ++i)
+            q[i] = static_cast<uint8_t>(static_cast<int32_t>(
+                std::min(lim, std::max(-lim, std::floor(row[i] / safe + u[i]))) + lim));
+          if (bits == 8) {
+            int8_t* o = reinterpret_cast<int8_t*>(out + g * size);
+            for (int64_t i = 0; i < size; ++i) o[i] = static_cast<int8_t>(static_cast<int32_t>(q[i]) - top);
+          } else {
+            pack_row(q.data(), size, bits, out + g * size * bits / 8);
+          }
+        } else if (bits == 8) {
           int8_t* o = reinterpret_cast<int8_t*>(out + g * size);
           for (int64_t i = 0; i < size; ++i) o[i] = static_cast<int8_t>(static_cast<int32_t>((row[i] / safe + m) - m));
         } else {

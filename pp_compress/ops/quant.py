@@ -60,8 +60,9 @@ class IntQuantConfig(OpConfig):
     """Randomized Hadamard rotation over blocks of the last dim: off; auto (bare `rot`: the largest power of two
     up to 256 that divides the last dim); or a block size, a power of two >= 2 that must divide the last dim."""
     kernel: str = "fused"
-    """fused: the one-pass CPU kernel (ops/fused.py) where this configuration has one: symmetric round-to-nearest,
-    per row or per block of a multiple of 8 values that tile the tensor; the codes are bitwise the reference's.
+    """fused: the one-pass CPU kernel (ops/fused.py) where this configuration has one: symmetric, nearest or
+    stochastic (the same draws), per row or per block of a multiple of 8 values that tile the tensor; the codes are
+    bitwise the reference's.
     eager: always the reference tensor code."""
     compile: bool = False
     """Run the symmetric round-to-nearest kernels through torch.compile (fused passes: ~3x faster int8
@@ -142,7 +143,7 @@ class IntQuant(Compressor):
     def _fused_size(self, shape: tuple[int, ...], like: Tensor) -> int:
         """The group size when the fused kernel takes this tensor (0 when the reference runs)."""
         c = self.config
-        if c.kernel != "fused" or c.asym or c.stoch or c.compile or c.bits == 1 or c.per == "channel":
+        if c.kernel != "fused" or c.asym or c.compile or c.bits == 1 or c.per == "channel":
             return 0
         groups, size = group_dims(shape, c.per)
         return size if groups * size == TensorSpec(shape, like.dtype).numel and fused.usable(like, size) else 0
@@ -151,8 +152,10 @@ class IntQuant(Compressor):
         c = self.config
         sdt = SCALE_DTYPES[c.scale]
         size = self._fused_size(tuple(x.shape), x)
-        if size:  # one pass per group: absmax, scale, rounding, packing
-            codes, scale = fused.kernels().sym_encode(x.reshape(-1, size).contiguous(), c.bits, SCALE_CODES[c.scale])
+        if size:  # one pass per group: absmax, scale, rounding (with the reference's draws), packing
+            g = x.reshape(-1, size).contiguous()  # (groups, size)
+            noise = torch.rand(g.shape, generator=ctx.generator(x.device, "int"), device=x.device) if c.stoch else None
+            codes, scale = fused.kernels().sym_encode(g, c.bits, SCALE_CODES[c.scale], noise)
             return Payload((codes, scale.to(sdt)), x.shape, x.dtype)
         if c.bits == 8 and not (c.asym or c.stoch or c.compile):  # the hot path: chunked, no fp32 copy of x
             codes, scale = sym_encode_int8(to_groups(x, c.per), sdt)  # (groups, size) int8, (groups,)

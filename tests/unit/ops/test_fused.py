@@ -7,6 +7,7 @@ import pp_compress as ppc
 from pp_compress.ops import fused
 
 SPECS = ["int8", "int7", "int6", "int5", "int4", "int3", "int2", "int4:per=block64", "int8:scale=fp16",
+         "int3:stoch", "int8:stoch", "int2:stoch:per=block32", "int4:rot:stoch", "tile:3:stoch",
          "int3:scale=fp32", "nf8", "nf6", "nf5", "nf4", "nf3", "nf2", "nf4:per=block32", "nf6:scale=fp16", "nf5:scale=fp32",
          "int4:rot", "tile:3.5"]
 SHAPES = [(4, 128, 576), (3, 64), (2, 5, 16), (1, 8), (16, 40)]
@@ -34,7 +35,7 @@ def test_fused_is_bitwise_the_eager_reference(spec, dtype):
 
 
 @pytest.mark.parametrize("spec,shape", [("int4", (3, 5)), ("nf4:per=block64", (3, 50)), ("int8:per=channel", (4, 64)),
-                                        ("nf6:stoch", (2, 64)), ("int4:asym", (2, 64))])
+                                        ("nf6:stoch", (2, 64)), ("int4:asym", (2, 64)), ("int1:stoch", (2, 64))])
 def test_what_the_kernels_do_not_take_runs_the_reference(spec, shape):
     op = ppc.build(spec)
     assert op._fused_size(shape, torch.empty(0)) == 0
