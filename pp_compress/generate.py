@@ -153,6 +153,32 @@ class PipelineGenerator:
             t = 1
         return [seq[: seq.index(stop_token) + 1] if stop_token in seq else seq for seq in out]
 
+    @torch.no_grad()
+    def score(self, sequences: list[list[int]] | None, pad_token: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+        """Teacher-forced scoring in one pass (prefill only): for every position of every sequence, the top-1 next
+        token and the log-probability of the sequence's own next token. Returns (top1 (B, T-1), logprob (B, T-1), real
+        (B, T-1): which positions are not padding) on every rank; stage 0 passes the sequences, the others None."""
+        lens = self._broadcast_lengths(sequences)
+        b, longest = len(lens), max(lens)
+        pad = torch.tensor([longest - n for n in lens], device=self.device)  # (B,)
+        ids = torch.full((b, longest), pad_token, dtype=torch.long, device=self.device)  # (B, T)
+        if self.index == 0:
+            for r, seq in enumerate(sequences or []):
+                ids[r, longest - len(seq):] = torch.tensor(seq, dtype=torch.long)
+        dist.broadcast(ids, src=self.ranks[0])  # the last stage needs the targets
+        self.stage.reset(b, longest, self.device, self.dtype)
+        positions = (torch.arange(longest, device=self.device)[None, :] - pad[:, None]).clamp_(min=0)  # (B, T)
+        valid = torch.arange(longest, device=self.device)[None, :] >= pad[:, None]  # (B, T)
+        logits = self._step(ids if self.index == 0 else None, (b, longest), positions, valid, 0, "prefill")
+        top1 = torch.zeros(b, longest - 1, dtype=torch.long, device=self.device)  # (B, T-1)
+        logprob = torch.zeros(b, longest - 1, dtype=torch.float32, device=self.device)  # (B, T-1)
+        if logits is not None:
+            lp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
+            top1, logprob = lp.argmax(-1), lp.gather(-1, ids[:, 1:, None])[..., 0]
+        dist.broadcast(top1, src=self.ranks[-1])
+        dist.broadcast(logprob, src=self.ranks[-1])
+        return top1, logprob, valid[:, :-1] & valid[:, 1:]
+
     def _broadcast_lengths(self, prompts: list[list[int]] | None) -> list[int]:
         """The prompts' lengths, from stage 0 to every stage (two small broadcasts)."""
         n = torch.tensor([len(prompts) if prompts is not None else 0], dtype=torch.long, device=self.device)

@@ -118,6 +118,14 @@ def generate_cached(args: argparse.Namespace, prompts: list[str]) -> dict[str, A
     from pp_compress.ops.fused import kernels
 
     kernels()  # built (or loaded) before the clock starts: a first build takes about a minute
+    if args.score:  # teacher-forced: each text in one pass, its own next tokens scored
+        top1, logprob, real = gen.score(ids, pad_token=tok.eos_token_id or 0)
+        every = [None] * stages
+        dist.all_gather_object(every, gen.stats())
+        nll = -float(logprob[real].double().mean())
+        return {"scored": {"top1": [r[m].tolist() for r, m in zip(top1, real)],
+                           "logprob": [r[m].tolist() for r, m in zip(logprob, real)]},
+                "nll": nll, "ppl": math.exp(nll), "per_stage": every}
     bar = tqdm(total=args.max_new_tokens, disable=rank != 0, unit="tok", desc="generating")
     t0 = time.perf_counter()
     first: list[float] = []
@@ -144,6 +152,9 @@ def main() -> None:
     ap.add_argument("--stop-at-eos", action="store_true", help="stop a sequence at the tokenizer's end-of-sequence token")
     ap.add_argument("--context", type=int, default=None,
                     help="positions the model may attend over (default: the run's --seq-len, 2048 for a transformers folder)")
+    ap.add_argument("--score", action="store_true",
+                    help="teacher-forced: score each prompt's own tokens in one pass (top-1 and log-probability per "
+                         "position, perplexity) through the compressed pipeline instead of generating")
     ap.add_argument("--no-kv-cache", action="store_true",
                     help="generate through DeepSpeed's fixed-shape eval_batch, recomputing every position each token")
     ap.add_argument("--temperature", type=float, default=0.0)
@@ -190,7 +201,9 @@ def main() -> None:
     if dist.get_rank() == 0:
         for text in result.get("generations", []):
             print(f"--- {text}")
-        if "per_stage" in result:
+        if "ppl" in result:
+            print(f"teacher-forced perplexity of the prompts: {result['ppl']:.3f} ({result['pp_compress']})")
+        if "time_to_first_token_s" in result:
             t = {k: sum(s["timings"][k] for s in result["per_stage"]) for k in ("compute", "wire", "codec")}
             print(f"time to first token {result['time_to_first_token_s']:.3f} s, decode {result['decode_tokens_per_s']:.1f} "
                   f"tokens/s; summed over stages: compute {t['compute']:.2f} s, wire {t['wire']:.2f} s, "

@@ -37,6 +37,11 @@ try:
     result["stats"] = gen.stats()
 except ValueError as e:
     result["error"] = str(e)
+if args.spec == "none" and "error" not in result:  # teacher-forced scoring of prompt + generated tokens: the tokens
+    seqs = [p + t for p, t in zip(prompts, result["tokens"])]  # just generated are each position's top-1
+    top1, logprob, real = gen.score(seqs if rank == 0 else None)
+    result["scored_top1"] = [row[m].tolist() for row, m in zip(top1, real)]
+    result["scored_logprob"] = [row[m].tolist() for row, m in zip(logprob, real)]
 if rank == 0 and "error" not in result:
     ref = []
     with torch.no_grad():

@@ -22,6 +22,9 @@ def test_identity_gives_the_recompute_paths_greedy_tokens_with_prompts_of_differ
     # prompts of 5, 9, 3, 9 tokens are left-padded to 9: prefill sends (4, 9, 64) fp32 once, each decode step (4, 1, 64)
     assert r0["stats"]["traffic"]["prefill"] == [4 * 9 * 64 * 4] * 2 + [4 * 9 * 64]
     assert r0["stats"]["traffic"]["decode"] == [11 * 4 * 64 * 4] * 2 + [11 * 4 * 64]
+    # teacher-forced scoring of prompt + generated tokens in one pass: each generated token is its position's top-1
+    for p_len, top1, tokens, lp in zip([5, 9, 3, 9], r0["scored_top1"], r0["tokens"], r0["scored_logprob"]):
+        assert top1[p_len - 1:] == tokens and len(lp) == p_len + 11 and all(v <= 0 for v in lp)
 
 
 def test_int8_decode_steps_send_one_position_per_sequence_compressed(tmp_path):

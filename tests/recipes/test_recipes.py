@@ -89,6 +89,10 @@ def test_infer_generates_and_reproduces_the_validation_loss(pretrained, tmp_path
                     "--out", str(tmp_path / name), *flag))
     kv, full = (json.loads((tmp_path / n).read_text())["generations"] for n in ("kv.json", "full.json"))
     assert kv == full
+    ok(*run_job(ROOT / "recipes/infer.py", 2, "--checkpoint", str(pretrained), "--prompt", "My lord, what news",
+                "--seq-len", "32", "--pp-compress", "none", "--score", "--out", str(tmp_path / "score.json")))
+    scored = json.loads((tmp_path / "score.json").read_text())
+    assert scored["ppl"] > 1 and len(scored["scored"]["top1"]) == 1 and len(scored["scored"]["logprob"][0]) >= 2
     # pretraining's last evaluation (int8 at inference, as trained): 2 pipeline batches x 2 micro-batches = these 4
     assert math.isclose(math.log(out["val_ppl"]), rows(pretrained, "eval")[-1]["val_loss"], rel_tol=1e-5)
 
