@@ -37,6 +37,10 @@ try:
     result["stats"] = gen.stats()
 except ValueError as e:
     result["error"] = str(e)
+if args.spec == "none" and "error" not in result:  # a stop token: the third token sequence 0 generated
+    stop = result["tokens"][0][2]
+    result["stop"] = stop
+    result["stopped"] = gen.generate(prompts if rank == 0 else None, args.new, stop_token=stop)
 if args.spec == "none" and "error" not in result:  # teacher-forced scoring of prompt + generated tokens: the tokens
     seqs = [p + t for p, t in zip(prompts, result["tokens"])]  # just generated are each position's top-1
     top1, logprob, real = gen.score(seqs if rank == 0 else None)

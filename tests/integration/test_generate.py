@@ -22,6 +22,11 @@ def test_identity_gives_the_recompute_paths_greedy_tokens_with_prompts_of_differ
     # prompts of 5, 9, 3, 9 tokens are left-padded to 9: prefill sends (4, 9, 64) fp32 once, each decode step (4, 1, 64)
     assert r0["stats"]["traffic"]["prefill"] == [4 * 9 * 64 * 4] * 2 + [4 * 9 * 64]
     assert r0["stats"]["traffic"]["decode"] == [11 * 4 * 64 * 4] * 2 + [11 * 4 * 64]
+    # with a stop token each sequence ends at its first occurrence (kept), the others run to max_new_tokens
+    stop = r0["stop"]
+    for full, cut in zip(r0["tokens"], r0["stopped"]):
+        assert cut == (full[: full.index(stop) + 1] if stop in full else full)
+    assert r0["stopped"][0] == r0["tokens"][0][:3] and res[1]["stopped"] == r0["stopped"]
     # teacher-forced scoring of prompt + generated tokens in one pass: each generated token is its position's top-1
     for p_len, top1, tokens, lp in zip([5, 9, 3, 9], r0["scored_top1"], r0["tokens"], r0["scored_logprob"]):
         assert top1[p_len - 1:] == tokens and len(lp) == p_len + 11 and all(v <= 0 for v in lp)
