@@ -77,9 +77,6 @@ template <typename scalar_t> inline float load_absmax(const scalar_t* r, int64_t
   return amax;
 }
 
-// Rounding half to even for |v| < 2**22, as torch.round does: (v + 1.5 * 2**23) - 1.5 * 2**23 leaves the integer
-// nearest v in the default rounding mode; it vectorizes without SSE4.1's roundps. This file is built without
-// fast-math, so the compiler keeps the two operations.
 
 }  // namespace
 
@@ -104,6 +101,8 @@ std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt
         const float amax = load_absmax(xp + g * size, size, row.data());
         const float s = round_scale(amax / static_cast<float>(top), static_cast<int>(sdt));
         sc[g] = s;
+        // m: (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| < 2**22 half to even, as torch.round does, and vectorizes
+        // without SSE4.1's roundps; this file is built without fast-math, so the compiler keeps both operations
         const float safe = s > 0.f ? s : 1.f, m = 12582912.0f;
         if (un != nullptr) {  // floor(q + u) may reach L + 1 through fp32 rounding of the sum: clamp
           const float* u = un + g * size, lim = static_cast<float>(top);
