@@ -1,0 +1,158 @@
+"""Serving speed over slow links: KV-cached pipelined generation (recipes/infer.py) with and without compression.
+
+    python benchmarks/serve.py        # as root -> benchmarks/results/serve_smollm2.md / .csv (about an hour on 2 cores)
+    python benchmarks/serve.py --link 5mbit@20ms --stages 2 --batch 1 --spec none --spec int8:rot --new 16
+
+For each link, stage count and batch size, every spec generates --new greedy tokens after the same prompts of
+--prompt-tokens tokens (held-out text of --corpus), all in this one invocation so the runs compare side by side.
+Each stage process runs in a network namespace of its own behind a kernel rate limit (benchmarks/e2e.py's
+`Namespaces`); a message's one-way latency is added by its sender (benchmarks/throttle.py with PPC_BENCH_P2P=torch:
+every hidden state sent to the next stage, and every new token broadcast back from the last stage). Where
+namespaces are not permitted the whole link is emulated in-process and the rows say so.
+
+Reported per run: time to first token (the prompt lengths announced, prefill across every boundary, the first token
+back), decode tokens/s over the batch (the later tokens), and where the time went, summed over the stage processes:
+compute, wire (send/receive, including waiting for the previous stage) and (de)compression. min_numel=0 is added to
+every compressed spec so that batch-1 decode messages (one position) are compressed too.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.e2e import THROTTLE, Namespaces, netns_permitted, parse_link  # noqa: E402
+from recipes import data  # noqa: E402
+from recipes.launch import run_job  # noqa: E402
+
+SPECS = ["none", "int8", "int8:rot", "int4:rot"]
+
+
+def prompts(checkpoint: Path, corpus: str, n: int, tokens: int) -> tuple[list[str], list[int]]:
+    """n held-out texts of `tokens` tokens each (one per line) and their lengths once re-tokenized."""
+    from recipes.kvcache import load_model
+
+    _, tok, _ = load_model(checkpoint)
+    val = data.lm_datasets(data.corpus_files(corpus), tok, tokens, data.VAL_FRACTION)[1]
+    if len(val) < n:
+        raise SystemExit(f"--batch {n}: the held-out text of {corpus} has {len(val)} sequences of {tokens} tokens")
+    texts = [tok.decode(val[i]["input_ids"]).replace("\n", " ") for i in range(n)]
+    return texts, [len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+
+
+def run(ns: Namespaces | None, stages: int, args: list[str], env: dict[str, str]) -> dict:
+    out = Path(args[args.index("--out") + 1])
+    if ns:
+        rc, log = ns.run([sys.executable, str(THROTTLE), str(ROOT / "recipes" / "infer.py"), *args], env, 3600)
+    else:
+        rc, log = run_job(THROTTLE, stages, str(ROOT / "recipes" / "infer.py"), *args, env=env, timeout=3600)
+    if rc != 0:
+        raise SystemExit(f"recipes/infer.py {shlex.join(args)}: exit {rc}\n{log[-4000:]}")
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", type=Path, default=ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct",
+                    help="a recipe run or a transformers folder (default: SmolLM2 from `make models`)")
+    ap.add_argument("--corpus", default="austen", choices=list(data.CORPORA))
+    ap.add_argument("--link", type=parse_link, action="append", default=None, help="default: 5mbit@20ms")
+    ap.add_argument("--stages", type=int, action="append", default=None, help="default: 2 and 4")
+    ap.add_argument("--batch", type=int, action="append", default=None, help="sequences per batch; default: 1 and 16")
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--spec", action="append", default=None, help=f"default: {' '.join(SPECS)}")
+    ap.add_argument("--emulate", action="store_true", help="in-process link emulation even where namespaces work")
+    ap.add_argument("--work", type=Path, default=ROOT / "runs" / "serve")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve_smollm2")
+    args = ap.parse_args()
+    links, specs = args.link or [parse_link("5mbit@20ms")], args.spec or SPECS
+    stage_counts, batches = args.stages or [2, 4], args.batch or [1, 16]
+    if "none" not in specs:
+        raise SystemExit("--spec none is needed: every speedup is against the uncompressed run of the same setting")
+    why_not = "--emulate given" if args.emulate else netns_permitted()
+    mode = "netns+tbf" if why_not is None else "emulated"
+    if why_not:
+        print(f"WARNING: network namespaces not used ({why_not}): links are EMULATED in-process", flush=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    texts, lens = prompts(args.checkpoint, args.corpus, max(batches), args.prompt_tokens)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+           "PPC_BENCH_P2P": "torch"}
+    results: list[dict] = []
+    for stages in stage_counts:
+        with Namespaces(stages) if mode == "netns+tbf" else contextlib.nullcontext() as ns:
+            for name, rate, latency in links:
+                if ns:
+                    ns.shape(rate)
+                lenv = {**env, "PPC_BENCH_LATENCY_MS": str(latency), "PPC_BENCH_RATE_MBIT": "0" if ns else str(rate)}
+                for b in batches:
+                    pfile = args.work / f"prompts_{b}.txt"
+                    pfile.write_text("\n".join(texts[:b]) + "\n")
+                    for spec in specs:
+                        t0 = time.perf_counter()
+                        out = args.work / f"result_{stages}_{b}.json"
+                        res = run(ns, stages, ["--checkpoint", str(args.checkpoint), "--prompt-file", str(pfile),
+                                               "--max-new-tokens", str(args.new), "--stages", str(stages),
+                                               "--pp-compress", spec if spec == "none" else f"{spec},min_numel=0",
+                                               "--out", str(out)], lenv)
+                        row = summarize(res, mode, name, rate, latency, stages, b, spec, sum(lens[:b]) / b)
+                        base = next((r for r in results if (r["link"], r["stages"], r["batch"], r["spec"]) ==
+                                     (name, stages, b, "none")), None)
+                        row["ttft_speedup"] = base["ttft_s"] / row["ttft_s"] if base else None
+                        row["decode_speedup"] = row["decode_tok_s"] / base["decode_tok_s"] if base else None
+                        results.append(row)
+                        print(f"{name} {stages} stages batch {b:2d} {spec:10s} TTFT {row['ttft_s']:7.2f} s  decode "
+                              f"{row['decode_tok_s']:6.1f} tok/s  ({time.perf_counter() - t0:.0f} s)", flush=True)
+    write(results, args, mode)
+
+
+def summarize(res: dict, mode: str, link: str, rate: float, latency: float, stages: int, batch: int, spec: str,
+              prompt_tokens: float) -> dict:
+    per = res["per_stage"]
+    traffic = {ph: [sum(s["traffic"][ph][i] for s in per) for i in range(3)] for ph in ("prefill", "decode")}
+    return {"mode": mode, "link": link, "rate_mbit": rate, "latency_ms": latency, "stages": stages, "batch": batch,
+            "spec": spec, "prompt_tokens": prompt_tokens, "ttft_s": res["time_to_first_token_s"],
+            "decode_tok_s": res["decode_tokens_per_s"], "total_s": res["total_s"],
+            **{f"{k}_s": sum(s["timings"][k] for s in per) for k in ("compute", "wire", "codec")},
+            "prefill_wire_mb": traffic["prefill"][1] / 1e6, "decode_wire_mb": traffic["decode"][1] / 1e6,
+            "prefill_bits": 8 * traffic["prefill"][1] / max(traffic["prefill"][2], 1),
+            "decode_bits": 8 * traffic["decode"][1] / max(traffic["decode"][2], 1)}
+
+
+def write(results: list[dict], args: argparse.Namespace, mode: str) -> None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out.with_suffix(".csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, list(results[0]))
+        w.writeheader()
+        w.writerows(results)
+    how = ("kernel tbf rate limits between per-stage network namespaces, latency added by each message's sender"
+           if mode == "netns+tbf" else "EMULATED in-process: the sender sleeps latency + bytes/rate per message")
+    lines = [f"# Serving over slow links: {args.checkpoint.name}", "",
+             f"Command: `{shlex.join(['python', 'benchmarks/serve.py', *sys.argv[1:]])}`", "",
+             f"KV-cached pipelined generation (recipes/infer.py), greedy, {args.new} new tokens after prompts of "
+             f"~{results[0]['prompt_tokens']:.0f} tokens (held-out {args.corpus}), fp32 hidden states, one CPU thread per "
+             f"stage process on a 2-core machine (stage processes share the cores), CPU/gloo; links: {how}. Time spent "
+             "is summed over the stage processes (wire includes waiting for the previous stage).", "",
+             "| link | stages | batch | --pp-compress | bits/elem prefill | bits/elem decode | time to first token s | "
+             "TTFT speedup | decode tokens/s | decode speedup | compute s | wire s | (de)compression s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        link = "unlimited" if r["rate_mbit"] == 0 else f"{r['link']} @ {r['latency_ms']:g} ms"
+        sp = (lambda v: f"{v:.2f}x" if v else "")
+        lines.append(f"| {link} | {r['stages']} | {r['batch']} | `{r['spec']}` | {r['prefill_bits']:.2f} | "
+                     f"{r['decode_bits']:.2f} | {r['ttft_s']:.2f} | {sp(r['ttft_speedup'])} | {r['decode_tok_s']:.1f} | "
+                     f"{sp(r['decode_speedup'])} | {r['compute_s']:.1f} | {r['wire_s']:.1f} | {r['codec_s']:.2f} |")
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
