@@ -21,43 +21,74 @@ inline float round_scale(float s, int sdt) {
 }
 
 // Codes of `bits` bits, first in the lowest bits of a little-endian byte stream (bits.pack_bits' layout). A row of a
-// multiple of 8 codes starts on a byte boundary, so rows pack independently.
-inline void pack_row(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
-  if (bits == 8) { std::memcpy(out, codes, n); return; }
+// multiple of 8 codes starts on a byte boundary, so rows pack independently. The width is a template argument so
+// that each 8-code word is a fixed sequence of shifts and a fixed-size store the compiler unrolls.
+template <int B> void pack_row_t(const uint8_t* codes, int64_t n, uint8_t* out) {
   int64_t i = 0, byte = 0;
-  for (; i + 8 <= n; i += 8, byte += bits) {
+  for (; i + 8 <= n; i += 8, byte += B) {
     uint64_t w = 0;
-    for (int j = 0; j < 8; ++j) w |= static_cast<uint64_t>(codes[i + j]) << (j * bits);
-    std::memcpy(out + byte, &w, bits);
+    for (int j = 0; j < 8; ++j) w |= static_cast<uint64_t>(codes[i + j]) << (j * B);
+    std::memcpy(out + byte, &w, B);
   }
   if (i < n) {
     uint64_t w = 0;
-    for (int j = 0; i + j < n; ++j) w |= static_cast<uint64_t>(codes[i + j]) << (j * bits);
-    std::memcpy(out + byte, &w, ((n - i) * bits + 7) / 8);
+    for (int j = 0; i + j < n; ++j) w |= static_cast<uint64_t>(codes[i + j]) << (j * B);
+    std::memcpy(out + byte, &w, ((n - i) * B + 7) / 8);
+  }
+}
+
+template <int B> void unpack_row_t(const uint8_t* in, int64_t n, uint8_t* codes) {
+  constexpr uint64_t mask = (1u << B) - 1;
+  int64_t i = 0, byte = 0;
+  for (; i + 8 <= n; i += 8, byte += B) {
+    uint64_t w = 0;
+    std::memcpy(&w, in + byte, B);
+    for (int j = 0; j < 8; ++j) codes[i + j] = static_cast<uint8_t>((w >> (j * B)) & mask);
+  }
+  if (i < n) {
+    uint64_t w = 0;
+    std::memcpy(&w, in + byte, ((n - i) * B + 7) / 8);
+    for (int j = 0; i + j < n; ++j) codes[i + j] = static_cast<uint8_t>((w >> (j * B)) & mask);
+  }
+}
+
+inline void pack_row(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
+  switch (bits) {
+    case 1: return pack_row_t<1>(codes, n, out);
+    case 2: return pack_row_t<2>(codes, n, out);
+    case 3: return pack_row_t<3>(codes, n, out);
+    case 4: return pack_row_t<4>(codes, n, out);
+    case 5: return pack_row_t<5>(codes, n, out);
+    case 6: return pack_row_t<6>(codes, n, out);
+    case 7: return pack_row_t<7>(codes, n, out);
+    default: std::memcpy(out, codes, n);
   }
 }
 
 inline void unpack_row(const uint8_t* in, int64_t n, int bits, uint8_t* codes) {
-  if (bits == 8) { std::memcpy(codes, in, n); return; }
-  if (8 % bits == 0) {  // whole codes per byte: one vectorizable loop per position in the byte
+  if (bits < 8 && 8 % bits == 0) {  // whole codes per byte: one vectorizable loop per position in the byte
     const int per = 8 / bits;
     const uint8_t mask = static_cast<uint8_t>((1u << bits) - 1);
     for (int j = 0; j < per; ++j)
       for (int64_t b = 0; b < n / per; ++b) codes[b * per + j] = static_cast<uint8_t>((in[b] >> (j * bits)) & mask);
     return;
   }
-  const uint64_t mask = (1u << bits) - 1;
-  int64_t i = 0, byte = 0;
-  for (; i + 8 <= n; i += 8, byte += bits) {
-    uint64_t w = 0;
-    std::memcpy(&w, in + byte, bits);
-    for (int j = 0; j < 8; ++j) codes[i + j] = static_cast<uint8_t>((w >> (j * bits)) & mask);
+  switch (bits) {
+    case 3: return unpack_row_t<3>(in, n, codes);
+    case 5: return unpack_row_t<5>(in, n, codes);
+    case 6: return unpack_row_t<6>(in, n, codes);
+    case 7: return unpack_row_t<7>(in, n, codes);
+    default: std::memcpy(codes, in, n);
   }
-  if (i < n) {
-    uint64_t w = 0;
-    std::memcpy(&w, in + byte, ((n - i) * bits + 7) / 8);
-    for (int j = 0; i + j < n; ++j) codes[i + j] = static_cast<uint8_t>((w >> (j * bits)) & mask);
-  }
+}
+
+// ops/noise.py's counter-based uniform of element i under `key`: splitmix64(key + (i + 1) * GAMMA), top 24 bits
+inline float noise_uniform(uint64_t key, uint64_t i) {
+  uint64_t z = key + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(static_cast<uint32_t>(z >> 40)) * 0x1p-24f;
 }
 
 int64_t rows_per_task(int64_t size) { return std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(size, 1)); }
@@ -81,9 +112,9 @@ template <typename scalar_t> inline float load_absmax(const scalar_t* r, int64_t
 }  // namespace
 
 // Symmetric int<bits> per group: x (groups, size) contiguous -> (codes packed, scales in sdt as fp32). Rounds to
-// nearest, or, given `noise` (the reference's uniform draws, same shape), stochastically: floor(x / s + u) clamped to
-// -L..L, as the reference does.
-std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt, c10::optional<torch::Tensor> noise) {
+// nearest, or, given `noise_key`, stochastically: floor(x / s + u) clamped to -L..L, as the reference does, with u the
+// counter-based uniform of the element's index in x (ops/noise.py: the reference's draws, computed here in place).
+std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt, c10::optional<int64_t> noise_key) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "sym_encode: a contiguous 2-D CPU tensor");
   const int64_t groups = x.size(0), size = x.size(1), top = (1 << (bits - 1)) - 1;
   TORCH_CHECK(size % 8 == 0 || groups <= 1, "sym_encode: rows of a multiple of 8 codes");
@@ -91,12 +122,13 @@ std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt
   auto scales = torch::empty({groups}, x.options().dtype(torch::kFloat));
   uint8_t* out = codes.data_ptr<uint8_t>();
   float* sc = scales.data_ptr<float>();
-  const float* un = noise.has_value() ? noise->data_ptr<float>() : nullptr;
+  const bool stoch = noise_key.has_value();
+  const uint64_t key = stoch ? static_cast<uint64_t>(*noise_key) : 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "sym_encode", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     at::parallel_for(0, groups, rows_per_task(size), [&](int64_t lo, int64_t hi) {
       std::vector<float> row(size);
-      std::vector<uint8_t> q(bits == 8 && un == nullptr ? 0 : size);
+      std::vector<uint8_t> q(bits == 8 && !stoch ? 0 : size);
       for (int64_t g = lo; g < hi; ++g) {
         const float amax = load_absmax(xp + g * size, size, row.data());
         const float s = round_scale(amax / static_cast<float>(top), static_cast<int>(sdt));
@@ -104,11 +136,18 @@ std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt
         // m: (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| < 2**22 half to even, as torch.round does, and vectorizes
         // without SSE4.1's roundps; this file is built without fast-math, so the compiler keeps both operations
         const float safe = s > 0.f ? s : 1.f, m = 12582912.0f;
-        if (un != nullptr) {  // floor(q + u) may reach L + 1 through fp32 rounding of the sum: clamp
-          const float* u = un + g * size, lim = static_cast<float>(top);
-          for (int64_t i = 0; i < size; ++i)
-            q[i] = static_cast<uint8_t>(static_cast<int32_t>(
-                std::min(lim, std::max(-lim, std::floor(row[i] / safe + u[i]))) + lim));
+        if (stoch) {  // clamp(floor(q + u), -L, L): floor(q + u) may reach L + 1 through fp32 rounding of the sum
+          // floor as truncation minus one below zero, on a value clamped first to [-L - 1, L]: the same integer as
+          // the reference's, in operations the compiler vectorizes (std::floor it would not, without fast-math)
+          const float lim = static_cast<float>(top);
+          const int32_t itop = static_cast<int32_t>(top);
+          const uint64_t base = static_cast<uint64_t>(g) * static_cast<uint64_t>(size);
+          for (int64_t i = 0; i < size; ++i) {
+            const float v = std::min(lim, std::max(-lim - 1.f, row[i] / safe + noise_uniform(key, base + i)));
+            int32_t t = static_cast<int32_t>(v);
+            t -= static_cast<float>(t) > v ? 1 : 0;
+            q[i] = static_cast<uint8_t>(std::max(-itop, t) + itop);
+          }
           if (bits == 8) {
             int8_t* o = reinterpret_cast<int8_t*>(out + g * size);
             for (int64_t i = 0; i < size; ++i) o[i] = static_cast<int8_t>(static_cast<int32_t>(q[i]) - top);
@@ -169,14 +208,21 @@ std::vector<torch::Tensor> nf_encode(torch::Tensor x, torch::Tensor mid, int64_t
   float* sc = scales.data_ptr<float>();
   const float* m = mid.data_ptr<float>();
   // start[b]: the midpoints below bin b's lower edge, taken half a bin lower than the edge, so rounding in the bin
-  // index never starts the scan past the answer; from there a value's code is a few steps up
+  // index never starts the count past the answer. A value lies less than 1.5 bins above its start edge; midpoints
+  // more than 2 bins apart (those of every nf<b> up to 8 bits) put at most one of them between, so one branchless
+  // comparison finishes the count.
   constexpr int64_t kBins = 4096;
-  std::vector<int64_t> start(kBins);
+  std::vector<int32_t> start(kBins);
+  std::vector<float> mm(m, m + nmid);
+  mm.push_back(INFINITY);  // a sentinel: the comparison past the last midpoint is false
   for (int64_t b = 0, a = 0; b < kBins; ++b) {
     const double edge = (b - 0.5) * 2.0 / kBins - 1.0;
     while (a < nmid && m[a] < edge) ++a;
-    start[b] = a;
+    start[b] = static_cast<int32_t>(a);
   }
+  for (int64_t a = 1; a < nmid; ++a)
+    TORCH_CHECK(m[a] - m[a - 1] > 2.0 * 2.0 / kBins, "nf_encode: levels closer than 2 of ", kBins,
+                " bins over [-1, 1] (midpoints ", m[a - 1], " and ", m[a], "); the eager reference handles them");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "nf_encode", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     at::parallel_for(0, groups, rows_per_task(size), [&](int64_t lo, int64_t hi) {
@@ -187,12 +233,12 @@ std::vector<torch::Tensor> nf_encode(torch::Tensor x, torch::Tensor mid, int64_t
         const float s = round_scale(amax, static_cast<int>(sdt));
         sc[g] = s;
         const float safe = s > 0.f ? s : 1.f;
+        // the code is the number of midpoints < u (torch.bucketize, right=False), counted up from start[bin]
         for (int64_t i = 0; i < size; ++i) {
           const float u = std::min(1.f, std::max(-1.f, row[i] / safe));
-          const int64_t bin = std::min<int64_t>(kBins - 1, std::max<int64_t>(0, static_cast<int64_t>((u + 1.f) * (kBins / 2))));
-          int64_t a = start[bin];  // the number of midpoints < u (torch.bucketize, right=False), from below
-          while (a < nmid && m[a] < u) ++a;
-          q[i] = static_cast<uint8_t>(a);
+          const int32_t bin = std::min<int32_t>(kBins - 1, std::max<int32_t>(0, static_cast<int32_t>((u + 1.f) * (kBins / 2))));
+          const int32_t a = start[bin];
+          q[i] = static_cast<uint8_t>(a + (mm[a] < u ? 1 : 0));
         }
         pack_row(q.data(), size, bits, out + g * size * bits / 8);
       }
@@ -225,7 +271,7 @@ torch::Tensor nf_decode(torch::Tensor codes, torch::Tensor scales, torch::Tensor
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("sym_encode", &sym_encode, "symmetric int<b> per group, round to nearest");
+  m.def("sym_encode", &sym_encode, "symmetric int<b> per group, round to nearest or stochastically");
   m.def("sym_decode", &sym_decode, "inverse of sym_encode");
   m.def("nf_encode", &nf_encode, "nearest normal-float level per group");
   m.def("nf_decode", &nf_decode, "inverse of nf_encode");

@@ -2,8 +2,9 @@
 
 An operator is pure: `encode(x, ctx) -> Payload`, `decode(payload, ctx) -> Tensor`, and
 `wire_layout(shape, dtype, ctx)` gives the exact (shape, dtype) of every tensor that travels, so a
-receiver can preallocate without seeing `x`. Randomness comes from `ctx.generator(...)`, a
-`torch.Generator` seeded from (seed, boundary, direction, step, micro-batch), never the global RNG.
+receiver can preallocate without seeing `x`. Randomness comes from the Context, keyed by (seed, boundary,
+direction, step, micro-batch): `ctx.generator(...)`, a `torch.Generator`, or `ctx.uniform(...)`, counter-based
+noise for stochastic rounding that fused kernels reproduce; never the global RNG.
 """
 from __future__ import annotations
 
@@ -100,13 +101,23 @@ class Context:
         """State key of per-sample buffers (AQ-SGD): a sample may come back in any micro-batch slot."""
         return f"b{self.boundary}.{self.direction}" + (f".t{self.tensor}" if self.tensor else "")
 
-    def generator(self, device: torch.device, salt: str) -> torch.Generator:
-        """A fresh generator that sender and receiver derive identically; `salt` names the user."""
+    def noise_key(self, salt: str) -> int:
+        """A 63-bit key that sender and receiver derive identically from this place; `salt` names the user."""
         text = f"{self.seed}|{self.boundary}|{self.direction}|{self.step}|{self.micro_batch}|{self.tensor}|{salt}"
-        seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+        return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
+
+    def generator(self, device: torch.device, salt: str) -> torch.Generator:
+        """A fresh generator seeded with `noise_key(salt)`."""
         gen = torch.Generator(device=device)
-        gen.manual_seed(seed & ((1 << 63) - 1))
+        gen.manual_seed(self.noise_key(salt))
         return gen
+
+    def uniform(self, shape: tuple[int, ...] | torch.Size, device: torch.device, salt: str) -> Tensor:
+        """fp32 uniforms in [0, 1) for stochastic rounding, counter-based (ops/noise.py): a fused kernel given
+        `noise_key(salt)` draws the same values without this tensor."""
+        from .noise import uniform
+
+        return uniform(shape, self.noise_key(salt), device)
 
     def replace(self, **changes: Any) -> "Context":
         return dataclasses.replace(self, **changes)

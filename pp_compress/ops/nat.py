@@ -12,7 +12,7 @@ moment). Only the sign and the exponent travel.
               (probability |x| / p), so it stays unbiased; their variance |x| (p - |x|) exceeds the x^2 / 8 bound,
               which is the price of the fewer bits.
 
-The generator comes from the context (salt "nat"); the receiver needs no random numbers. A value in the dtype's
+The uniforms come from the context (`ctx.uniform`, salt "nat"); the receiver needs no random numbers. A value in the dtype's
 top binade can round up to 2^(emax + 1), which the dtype cannot hold: the decoder then raises FloatingPointError
 naming the boundary (as for any operator whose reconstruction overflows), never a silent inf.
 """
@@ -117,7 +117,7 @@ class Nat(Compressor):
             top = torch.full((g.shape[0],), emin + 2 ** _exponent_bits(x.dtype) - 2, dtype=a.dtype, device=x.device)
         lo, _ = self._range(top, x.dtype)  # (groups,)
         lo = lo[:, None]  # (groups, 1)
-        u = torch.rand(g.shape, generator=ctx.generator(x.device, "nat"), device=x.device, dtype=y.dtype)
+        u = ctx.uniform(g.shape, x.device, "nat")  # (groups, size)
         below = (a < lo) | (y == 0)  # (groups, size): |x| < 2^lo (frexp gives zeros exponent 0)
         # within range: exponent a, or a + 1 with probability 2 * mant - 1 = |x| / 2^a - 1
         level = a - lo + 1 + (u < 2 * mant - 1).int()  # (groups, size), 1..levels

@@ -142,7 +142,7 @@ class NormalFloat(Compressor):
         if c.stoch:  # between lv[lo] and lv[lo + 1], up with probability (u - lv[lo]) / (lv[lo + 1] - lv[lo])
             lo = (torch.bucketize(u, lv, right=True) - 1).clamp_(0, len(lv) - 2)  # (groups, size)
             p_up = (u - lv[lo]) / (lv[lo + 1] - lv[lo])  # (groups, size), in [0, 1]
-            noise = torch.rand(u.shape, generator=ctx.generator(x.device, "nf"), device=x.device)
+            noise = ctx.uniform(u.shape, x.device, "nf")  # (groups, size)
             codes = lo + (noise < p_up)  # (groups, size)
         else:  # the nearest level: bucketize against the midpoints
             codes = torch.bucketize(u, mid)  # (groups, size), 0..levels - 1

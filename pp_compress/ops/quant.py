@@ -4,7 +4,7 @@ Symmetric (default): levels -L..L with L = 2**(b-1) - 1 and scale = absmax / L p
 as two's-complement bytes, narrower codes offset by +L and bit-packed); for b = 1
 the code is the sign and the scale is mean|x| (or absmax with stochastic rounding, which is then
 unbiased). Asymmetric (`asym`): 2**b levels from the group's min (zero point) to its max.
-Stochastic rounding (`stoch`) draws from the context's generator and is unbiased.
+Stochastic rounding (`stoch`) draws counter-based uniforms from the context (`ctx.uniform`) and is unbiased.
 Rotation (`rot`): a randomized Hadamard transform over blocks of the last dim before quantizing and its inverse
 after (ops/hadamard.py); the signs come from the context's generator, so the wire is the same as without it.
 It is linear, so stochastic rounding stays unbiased through it.
@@ -152,10 +152,10 @@ class IntQuant(Compressor):
         c = self.config
         sdt = SCALE_DTYPES[c.scale]
         size = self._fused_size(tuple(x.shape), x)
-        if size:  # one pass per group: absmax, scale, rounding (with the reference's draws), packing
+        if size:  # one pass per group: absmax, scale, rounding (with ctx.uniform's draws), packing
             g = x.reshape(-1, size).contiguous()  # (groups, size)
-            noise = torch.rand(g.shape, generator=ctx.generator(x.device, "int"), device=x.device) if c.stoch else None
-            codes, scale = fused.kernels().sym_encode(g, c.bits, SCALE_CODES[c.scale], noise)
+            key = ctx.noise_key("int") if c.stoch else None  # the kernel draws ctx.uniform's values in place
+            codes, scale = fused.kernels().sym_encode(g, c.bits, SCALE_CODES[c.scale], key)
             return Payload((codes, scale.to(sdt)), x.shape, x.dtype)
         if c.bits == 8 and not (c.asym or c.stoch or c.compile):  # the hot path: chunked, no fp32 copy of x
             codes, scale = sym_encode_int8(to_groups(x, c.per), sdt)  # (groups, size) int8, (groups,)
@@ -164,7 +164,7 @@ class IntQuant(Compressor):
         g = to_groups(x, c.per).float()  # (groups, size); a view of x when x is fp32: never modified in place
         noise = None
         if c.stoch:
-            noise = torch.rand(g.shape, generator=ctx.generator(x.device, "int"), device=x.device)  # (groups, size)
+            noise = ctx.uniform(g.shape, x.device, "int")  # (groups, size)
         if c.asym or c.stoch or c.bits == 1:
             lo, hi = g.amin(dim=1), g.amax(dim=1)  # (groups,) each; two vectorized passes beat aminmax ~10x on CPU
         if c.asym:
