@@ -139,9 +139,9 @@ SMOLLM2: dict[str, str] = {
     # tile-adaptive rotated activations (3.85 bits) with tile-quantized stochastic gradients (3.33): 3.59 averaged
     "sm-tile3.5_grad-tile3stoch": "act=tile:3.5,grad=tile:3:stoch",
     "sm-base-seed1": "none",
-    "sm-int8": "int8",
-    "sm-safe": "safe",
     "sm-act-tile3.5": "act=tile:3.5,grad=none",  # activations alone at <= 4 bits (TAH-Quant's level)
+    "sm-safe": "safe",
+    "sm-int8": "int8",
     "sm-aggressive": "aggressive",
     "sm-act-int4rot_grad-int4rotstoch": "act=int4:rot,grad=int4:rot:stoch",  # rotation without tiles
     "sm-act-tile3_grad-tile2.5stoch": "act=tile:3,grad=tile:2.5:lo=2:hi=3:stoch",  # the 3-bit moonshot: 3.09 averaged
