@@ -73,7 +73,10 @@ def main() -> None:
     ap.add_argument("--emulate", action="store_true", help="in-process link emulation even where namespaces work")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "serve")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve_smollm2")
+    ap.add_argument("--rewrite", action="store_true", help="only rewrite <out>.md from <out>.csv (keeps its command)")
     args = ap.parse_args()
+    if args.rewrite:
+        return rewrite(args)
     links, specs = args.link or [parse_link("5mbit@20ms")], args.spec or SPECS
     stage_counts, batches = args.stages or [2, 4], args.batch or [1, 16]
     if "none" not in specs:
@@ -127,28 +130,52 @@ def summarize(res: dict, mode: str, link: str, rate: float, latency: float, stag
             "decode_bits": 8 * traffic["decode"][1] / max(traffic["decode"][2], 1)}
 
 
-def write(results: list[dict], args: argparse.Namespace, mode: str) -> None:
+def link_s(r: dict) -> float:
+    """Seconds the prefill's bytes need on the link alone: each boundary in turn (the prompt's hidden states cross
+    them one after another), at the link's rate, plus one latency per message: the two that announce the prompt
+    lengths, one per hop, and the first token coming back."""
+    rate = r["rate_mbit"] * 1e6 / 8
+    return (r["prefill_wire_mb"] * 1e6 / rate if rate else 0.0) + (r["stages"] + 2) * r["latency_ms"] / 1e3
+
+
+def rewrite(args: argparse.Namespace) -> None:
+    """<out>.md again from <out>.csv, with the command the runs were made with."""
+    with open(args.out.with_suffix(".csv")) as f:
+        rows = [{k: (None if v == "" else v if k in ("mode", "link", "spec") else float(v)) for k, v in r.items()}
+                for r in csv.DictReader(f)]
+    for r in rows:
+        r["stages"], r["batch"] = int(r["stages"]), int(r["batch"])
+    old = args.out.with_suffix(".md").read_text()
+    command = old.split("Command: `", 1)[1].split("`", 1)[0]
+    write(rows, args, rows[0]["mode"], command)
+
+
+def write(results: list[dict], args: argparse.Namespace, mode: str, command: str | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out.with_suffix(".csv"), "w", newline="") as f:
         w = csv.DictWriter(f, list(results[0]))
         w.writeheader()
         w.writerows(results)
+    command = command or shlex.join(["python", "benchmarks/serve.py", *sys.argv[1:]])
     how = ("kernel tbf rate limits between per-stage network namespaces, latency added by each message's sender"
            if mode == "netns+tbf" else "EMULATED in-process: the sender sleeps latency + bytes/rate per message")
     lines = [f"# Serving over slow links: {args.checkpoint.name}", "",
-             f"Command: `{shlex.join(['python', 'benchmarks/serve.py', *sys.argv[1:]])}`", "",
+             f"Command: `{command}`", "",
              f"KV-cached pipelined generation (recipes/infer.py), greedy, {args.new} new tokens after prompts of "
              f"~{results[0]['prompt_tokens']:.0f} tokens (held-out {args.corpus}), fp32 hidden states, one CPU thread per "
              f"stage process on a 2-core machine (stage processes share the cores), CPU/gloo; links: {how}. Time spent "
-             "is summed over the stage processes (wire includes waiting for the previous stage).", "",
-             "| link | stages | batch | --pp-compress | bits/elem prefill | bits/elem decode | time to first token s | "
-             "TTFT speedup | decode tokens/s | decode speedup | compute s | wire s | (de)compression s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "is summed over the stage processes (wire includes waiting for the previous stage). Prefill on the link: "
+             "what the prefill's bytes need at the link's rate, boundary after boundary, plus one latency per message "
+             "(two announce the prompt lengths, one per hop, one brings the first token back): the part of the time to "
+             "first token that compression can shrink.",
+             "", "| link | stages | batch | --pp-compress | bits/elem prefill | bits/elem decode | time to first token s | "
+             "prefill on the link s | TTFT speedup | decode tokens/s | decode speedup | compute s | wire s | "
+             "(de)compression s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         link = "unlimited" if r["rate_mbit"] == 0 else f"{r['link']} @ {r['latency_ms']:g} ms"
         sp = (lambda v: f"{v:.2f}x" if v else "")
         lines.append(f"| {link} | {r['stages']} | {r['batch']} | `{r['spec']}` | {r['prefill_bits']:.2f} | "
-                     f"{r['decode_bits']:.2f} | {r['ttft_s']:.2f} | {sp(r['ttft_speedup'])} | {r['decode_tok_s']:.1f} | "
+                     f"{r['decode_bits']:.2f} | {r['ttft_s']:.2f} | {link_s(r):.2f} | {sp(r['ttft_speedup'])} | {r['decode_tok_s']:.1f} | "
                      f"{sp(r['decode_speedup'])} | {r['compute_s']:.1f} | {r['wire_s']:.1f} | {r['codec_s']:.2f} |")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
