@@ -59,7 +59,7 @@ def run(ns: Namespaces | None, stages: int, args: list[str], env: dict[str, str]
     return json.loads(out.read_text())
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", type=Path, default=ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct",
                     help="a recipe run or a transformers folder (default: SmolLM2 from `make models`)")
@@ -74,7 +74,11 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "serve")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve_smollm2")
     ap.add_argument("--rewrite", action="store_true", help="only rewrite <out>.md from <out>.csv (keeps its command)")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.rewrite:
         return rewrite(args)
     links, specs = args.link or [parse_link("5mbit@20ms")], args.spec or SPECS
@@ -139,15 +143,33 @@ def link_s(r: dict) -> float:
 
 
 def rewrite(args: argparse.Namespace) -> None:
-    """<out>.md again from <out>.csv, with the command the runs were made with."""
+    """<out>.md again from <out>.csv, for the command recorded in it (the runs' own options)."""
     with open(args.out.with_suffix(".csv")) as f:
         rows = [{k: (None if v == "" else v if k in ("mode", "link", "spec") else float(v)) for k, v in r.items()}
                 for r in csv.DictReader(f)]
     for r in rows:
         r["stages"], r["batch"] = int(r["stages"]), int(r["batch"])
-    old = args.out.with_suffix(".md").read_text()
-    command = old.split("Command: `", 1)[1].split("`", 1)[0]
-    write(rows, args, rows[0]["mode"], command)
+    command = args.out.with_suffix(".md").read_text().split("Command: `", 1)[1].split("`", 1)[0]
+    ran = parser().parse_args(shlex.split(command)[2:])
+    ran.out = args.out
+    write(rows, ran, str(rows[0]["mode"]), command)
+
+
+TABLE_HEAD = "| link | stages | batch |"
+
+
+def table(results: list[dict]) -> list[str]:
+    lines = [f"{TABLE_HEAD} --pp-compress | bits/elem prefill | bits/elem decode | time to first token s | "
+             "prefill on the link s | TTFT speedup | decode tokens/s | decode speedup | compute s | wire s | "
+             "(de)compression s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        link = "unlimited" if r["rate_mbit"] == 0 else f"{r['link']} @ {r['latency_ms']:g} ms"
+        sp = (lambda v: f"{v:.2f}x" if v else "")
+        lines.append(f"| {link} | {r['stages']} | {r['batch']} | `{r['spec']}` | {r['prefill_bits']:.2f} | "
+                     f"{r['decode_bits']:.2f} | {r['ttft_s']:.2f} | {link_s(r):.2f} | {sp(r['ttft_speedup'])} | "
+                     f"{r['decode_tok_s']:.1f} | {sp(r['decode_speedup'])} | {r['compute_s']:.1f} | {r['wire_s']:.1f} | "
+                     f"{r['codec_s']:.2f} |")
+    return lines
 
 
 def write(results: list[dict], args: argparse.Namespace, mode: str, command: str | None = None) -> None:
@@ -168,15 +190,7 @@ def write(results: list[dict], args: argparse.Namespace, mode: str, command: str
              "what the prefill's bytes need at the link's rate, boundary after boundary, plus one latency per message "
              "(two announce the prompt lengths, one per hop, one brings the first token back): the part of the time to "
              "first token that compression can shrink.",
-             "", "| link | stages | batch | --pp-compress | bits/elem prefill | bits/elem decode | time to first token s | "
-             "prefill on the link s | TTFT speedup | decode tokens/s | decode speedup | compute s | wire s | "
-             "(de)compression s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        link = "unlimited" if r["rate_mbit"] == 0 else f"{r['link']} @ {r['latency_ms']:g} ms"
-        sp = (lambda v: f"{v:.2f}x" if v else "")
-        lines.append(f"| {link} | {r['stages']} | {r['batch']} | `{r['spec']}` | {r['prefill_bits']:.2f} | "
-                     f"{r['decode_bits']:.2f} | {r['ttft_s']:.2f} | {link_s(r):.2f} | {sp(r['ttft_speedup'])} | {r['decode_tok_s']:.1f} | "
-                     f"{sp(r['decode_speedup'])} | {r['compute_s']:.1f} | {r['wire_s']:.1f} | {r['codec_s']:.2f} |")
+             "", *table(results)]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
