@@ -8,6 +8,9 @@
 #include <c10/util/Half.h>
 #include <cmath>
 #include <cstring>
+#ifdef __BMI2__
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -23,11 +26,19 @@ inline float round_scale(float s, int sdt) {
 // Codes of `bits` bits, first in the lowest bits of a little-endian byte stream (bits.pack_bits' layout). A row of a
 // multiple of 8 codes starts on a byte boundary, so rows pack independently. The width is a template argument so
 // that each 8-code word is a fixed sequence of shifts and a fixed-size store the compiler unrolls.
+// With BMI2, pext/pdep move the 8 codes of a word between their bytes and their packed bits in one instruction.
+template <int B> constexpr uint64_t byte_lanes() { return 0x0101010101010101ull * ((1u << B) - 1); }
+
 template <int B> void pack_row_t(const uint8_t* codes, int64_t n, uint8_t* out) {
   int64_t i = 0, byte = 0;
   for (; i + 8 <= n; i += 8, byte += B) {
     uint64_t w = 0;
+#ifdef __BMI2__
+    std::memcpy(&w, codes + i, 8);
+    w = _pext_u64(w, byte_lanes<B>());
+#else
     for (int j = 0; j < 8; ++j) w |= static_cast<uint64_t>(codes[i + j]) << (j * B);
+#endif
     std::memcpy(out + byte, &w, B);
   }
   if (i < n) {
@@ -38,12 +49,17 @@ template <int B> void pack_row_t(const uint8_t* codes, int64_t n, uint8_t* out) 
 }
 
 template <int B> void unpack_row_t(const uint8_t* in, int64_t n, uint8_t* codes) {
-  constexpr uint64_t mask = (1u << B) - 1;
+  [[maybe_unused]] constexpr uint64_t mask = (1u << B) - 1;
   int64_t i = 0, byte = 0;
-  for (; i + 8 <= n; i += 8, byte += B) {
-    uint64_t w = 0;
+  for (; i + 8 <= n; i += 8, byte += B) {  // 8 codes spread into the 8 bytes of one word, stored at once
+    uint64_t w = 0, r = 0;
     std::memcpy(&w, in + byte, B);
-    for (int j = 0; j < 8; ++j) codes[i + j] = static_cast<uint8_t>((w >> (j * B)) & mask);
+#ifdef __BMI2__
+    r = _pdep_u64(w, byte_lanes<B>());
+#else
+    for (int j = 0; j < 8; ++j) r |= ((w >> (j * B)) & mask) << (8 * j);
+#endif
+    std::memcpy(codes + i, &r, 8);
   }
   if (i < n) {
     uint64_t w = 0;
