@@ -184,7 +184,7 @@ def _fmt_steps(steps: float | None) -> str:
 
 def link_order(rows: list[dict[str, Any]]) -> list[tuple[str, float | None]]:
     """(link, r) of every measured link but the unthrottled one, slowest link (largest r) last."""
-    base = next(r for r in rows if r["name"] == "base")
+    base = next(r for r in rows if r["name"] in {t.base for t in TESTBEDS.values()})  # the testbed's baseline
     links = [(k, v["r"]) for k, v in base["links"].items() if v["rate_mbit"] > 0]
     return sorted(links, key=lambda x: x[1] if x[1] is not None else -1)
 
@@ -203,8 +203,8 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         out.append(f"| {r['name']} | {spec} | {r['bits_fwd']:.2f} / {r['bits_bwd']:.2f} ({r['bits_avg']:.2f}) | "
                    f"{r['wire_ratio']:.2f}x | {r['final_val_loss']:.3f} | {r['delta']:+.3f}{floor} | "
                    f"{r['parity']['loss_rule'] or ''} / {r['parity']['lm_eval'] or 'not run'} | {_fmt_steps(r['steps_to_target'])} | "
-                   f"{_fmt_steps(r['base_step_at_this_loss']) if r['base_step_at_this_loss'] is not None else '—'} | "
-                   + " | ".join(sp) + " |")
+                   f"{_fmt_steps(r['base_step_at_this_loss']) if r['base_step_at_this_loss'] is not None else '—'} |"
+                   + "".join(f" {c} |" for c in sp))
     return out
 
 

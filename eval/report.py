@@ -30,7 +30,7 @@ from eval import epochs, frontier  # noqa: E402
 from pp_compress.presets import PRESETS  # noqa: E402
 from eval.findings import LEVELS, Findings, findings_compared, verdicts  # noqa: E402
 from eval.study import (COMMON, FINDINGS_RUNS, FINETUNE, FT_COMMON, FT_EP_COMMON, FT_EPOCHS, LOGS, LONG, LONG_COMMON,  # noqa: E402
-                        SETTINGS)
+                        SETTINGS, SM_COMMON, SMOLLM2)
 
 KEEP = (*LOGS, "infer_none.json")
 GROUPS = {
@@ -209,6 +209,26 @@ def epochs_section(ftep: dict[str, dict], rel: Path, results: Path, readme: Path
             *[f"![{m}]({(rel / 'plots' / 'long' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], ""]
 
 
+def smollm2_block(rows: list[dict], results: Path) -> list[str]:
+    """The SmolLM2 testbed's frontier (no link times yet), each run served uncompressed too, and how they were made."""
+    out = [f"`recipes/finetune.py {' '.join(SM_COMMON)} --seed S --pp-compress SPEC` from SmolLM2-135M-Instruct "
+           f"(`make models`): {len(rows)} of {len(SMOLLM2)} settings measured (`python eval/study.py --protocol "
+           "smollm2`, resumable; logs in `eval/results/smollm2/<setting>/`). Validation: 16 x 4 x 128 held-out tokens "
+           "every 25 steps, through the run's own compression (its `eval`, else its `act` spec). Bits per element are "
+           "the wire bits per fp32 element (the runs' dtype); a bf16 run sends the same codes: 16 / bits fewer bytes.",
+           "", *frontier.table(rows)]
+    plain = [(r, json.loads(f.read_text())) for r in rows if (f := results / r["name"] / "infer_none.json").exists()]
+    if plain:
+        base = next(r for r in rows if r["name"] == frontier.TESTBEDS["smollm2"].base)
+        out += ["", "Served uncompressed (`recipes/infer.py --data austen --micro-batch 4 --ppl-batches 16 --pp-compress "
+                "none` on the final checkpoint: what training with compression did to the model):", "",
+                "| setting | final val loss, its own compression | served uncompressed | delta vs baseline |",
+                "|---|---|---|---|"]
+        out += [f"| {r['name']} | {r['final_val_loss']:.3f} | {math.log(p['val_ppl']):.3f} | "
+                f"{math.log(p['val_ppl']) - base['final_val_loss']:+.3f} |" for r, p in plain]
+    return out
+
+
 def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, dict], ftep: dict[str, dict],
                  args: argparse.Namespace) -> list[str]:
     rel = args.out.parent
@@ -222,6 +242,11 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
     old, new = Findings({**short, **ft}), Findings(long)
     if args.readme is not None:
         update_readme(args.readme, "findings", verdicts(old, new))
+        sm_results = args.results / frontier.TESTBEDS["smollm2"].results
+        if (sm_results / frontier.TESTBEDS["smollm2"].base).exists():
+            sm = frontier.of_model(frontier.build(sm_results, [], args.results / "frontier.json",
+                                                  frontier.TESTBEDS["smollm2"]), "SmolLM2-135M")
+            update_readme(args.readme, "frontier-smollm2", smollm2_block(sm, sm_results))
     cmds = [p.with_suffix(".md").read_text().splitlines()[0].removeprefix("Command: ") for p in args.e2e if p.with_suffix(".md").exists()]
     return ["## The long study: 1,000 steps (the headline)", "",
             f"Every run: `recipes/pretrain.py {' '.join(LONG_COMMON)} --pp-compress SPEC` (plus the setting's own options) — "

@@ -211,7 +211,9 @@ def main() -> None:
             if rc != 0:
                 print(log[-3000:], flush=True)
                 continue
-        if args.protocol == "smollm2":  # the logs of a finished run go where they are committed
+        if args.protocol == "smollm2":  # served uncompressed too (training's cost alone); logs go where they are committed
+            if spec != "none":
+                infer_plain(name, out, 4, "--data", "austen", "--micro-batch", "4", "--ppl-batches", "16")
             keep_logs(out, ROOT / "eval" / "results" / "smollm2" / name)
         if name in FT_FEEDBACK:  # the validation batches of FT_COMMON's evaluations
             infer_plain(name, out, 2, "--data", "austen", "--micro-batch", "2", "--ppl-batches", "16")
@@ -221,11 +223,13 @@ def main() -> None:
 
 LOGS = ("metrics.jsonl", "run.json", "summary.json")
 """What of a run directory is kept in eval/results (checkpoints are not)."""
+SM_LOGS = (*LOGS, "infer_none.json")
+"""A SmolLM2 run's, with its uncompressed evaluation."""
 
 
 def keep_logs(run: Path, results: Path) -> None:
     results.mkdir(parents=True, exist_ok=True)
-    for f in LOGS:
+    for f in SM_LOGS:
         if (run / f).exists():
             shutil.copy(run / f, results / f)
 

@@ -130,3 +130,17 @@ def test_build_keeps_the_other_testbeds_rows(tmp_path, monkeypatch):
     rows = fr.build(tmp_path, [], out, fr.Testbed("small GPT", {"base": "none"}, "base", "base-seed1", "long"))
     assert [(r["name"], r["model"]) for r in rows] == [("sm-base", "SmolLM2-135M"), ("base", "small GPT")]
     assert json.loads(out.read_text()) == rows and fr.of_model(rows, "SmolLM2-135M")[0]["name"] == "sm-base"
+
+
+def test_a_testbed_without_link_times_has_a_table(tmp_path, monkeypatch):
+    """SmolLM2's rows (no e2e run yet): the baseline is found by its testbed name, and every row has the header's
+    cells."""
+    runs = {"sm-base": _run([(100, 3.5), (200, 3.3)], 4.0, 4.0), "sm-base-seed1": _run([(100, 3.5), (200, 3.31)], 4.0, 4.0),
+            "sm-int8": _run([(100, 3.6), (200, 3.4)], 1.0, 1.0)}
+    monkeypatch.setattr(fr, "load_run", lambda p: runs[p.name])
+    settings = {"sm-base": "none", "sm-base-seed1": "none", "sm-int8": "int8"}
+    rows = fr.build(tmp_path, [], tmp_path / "frontier.json", fr.Testbed("SmolLM2-135M", settings, "sm-base",
+                                                                         "sm-base-seed1", "smollm2"))
+    lines = fr.table(rows)
+    assert [ln.count("|") for ln in lines] == [lines[0].count("|")] * 5
+    assert "| sm-int8 | `int8` |" in lines[4] and "+0.100 (0.020) | worse / not run" in lines[4]

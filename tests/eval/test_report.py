@@ -99,10 +99,25 @@ def test_readme_blocks_are_the_committed_results() -> None:
     assert summary == "\n".join(report.presets_block(rows)).strip() and "| `safe` |" in summary
     text = (report.ROOT / "docs" / "results.md").read_text()
     block = text.split(report.README_START, 1)[1].split(report.README_END, 1)[0]
-    assert block.strip() == "\n".join(report.frontier_block(rows)).strip()
+    assert block.strip() == "\n".join(report.frontier_block(report.frontier.of_model(rows))).strip()
     start, end = report.markers("finetune-epochs")
     rows = json.loads((report.ROOT / "eval" / "results" / "finetune_epochs.json").read_text())
     assert text.split(start, 1)[1].split(end, 1)[0].strip() == "\n".join(report.epochs_block(rows)).strip()
     start, end = report.markers("findings")  # the findings' verdicts, as eval/report.py wrote them into RESULTS.md
     table = text.split(start, 1)[1].split(end, 1)[0].strip()
     assert table.count("\n") == 7 and table in (report.ROOT / "eval" / "RESULTS.md").read_text()
+
+
+def test_smollm2_block_is_the_committed_results_and_serves_uncompressed_too(tmp_path: Path) -> None:
+    """docs/results.md's SmolLM2 block is rendered from eval/results; a run with an uncompressed evaluation
+    (infer_none.json) gets a row in the served-uncompressed table."""
+    rows = report.frontier.of_model(json.loads((report.ROOT / "eval" / "results" / "frontier.json").read_text()),
+                                    "SmolLM2-135M")
+    results = report.ROOT / "eval" / "results" / "smollm2"
+    start, end = report.markers("frontier-smollm2")
+    text = (report.ROOT / "docs" / "results.md").read_text()
+    assert text.split(start, 1)[1].split(end, 1)[0].strip() == "\n".join(report.smollm2_block(rows, results)).strip()
+    (tmp_path / "sm-base").mkdir()
+    (tmp_path / "sm-base" / "infer_none.json").write_text(json.dumps({"val_ppl": math.exp(3.3454)}))
+    block = report.smollm2_block(rows, tmp_path)
+    assert "| sm-base | 3.345 | 3.345 | +0.000 |" in block and "--protocol smollm2" in block[0]
