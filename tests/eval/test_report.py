@@ -117,7 +117,9 @@ def test_smollm2_block_is_the_committed_results_and_serves_uncompressed_too(tmp_
     start, end = report.markers("frontier-smollm2")
     text = (report.ROOT / "docs" / "results.md").read_text()
     assert text.split(start, 1)[1].split(end, 1)[0].strip() == "\n".join(report.smollm2_block(rows, results)).strip()
-    (tmp_path / "sm-base").mkdir()
-    (tmp_path / "sm-base" / "infer_none.json").write_text(json.dumps({"val_ppl": math.exp(3.3454)}))
+    for name, loss in (("sm-base", 3.2), ("sm-tile3.5_grad-tile3stoch", 3.25)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "infer_none.json").write_text(json.dumps({"val_ppl": math.exp(loss)}))
     block = report.smollm2_block(rows, tmp_path)
-    assert "| sm-base | 3.345 | 3.345 | +0.000 |" in block and "--protocol smollm2" in block[0]
+    assert "| sm-base | 3.345 | 3.200 | +0.000 |" in block and "--protocol smollm2" in block[0]
+    assert "| sm-tile3.5_grad-tile3stoch | 3.393 | 3.250 | +0.050 |" in block
