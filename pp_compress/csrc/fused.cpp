@@ -8,7 +8,7 @@
 #include <c10/util/Half.h>
 #include <cmath>
 #include <cstring>
-#ifdef __BMI2__
+#if defined(__BMI2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -250,7 +250,24 @@ std::vector<torch::Tensor> nf_encode(torch::Tensor x, torch::Tensor mid, int64_t
         sc[g] = s;
         const float safe = s > 0.f ? s : 1.f;
         // the code is the number of midpoints < u (torch.bucketize, right=False), counted up from start[bin]
-        for (int64_t i = 0; i < size; ++i) {
+        int64_t i = 0;
+#ifdef __AVX512F__
+        // 16 values at a time, the two table lookups as gathers (the compiler does not emit them for this loop);
+        // every operation is the scalar loop's (IEEE division, a max then a min that take a NaN to -1, truncation)
+        const __m512 vs = _mm512_set1_ps(safe), one = _mm512_set1_ps(1.f), neg = _mm512_set1_ps(-1.f);
+        const __m512 half_bins = _mm512_set1_ps(static_cast<float>(kBins / 2));
+        const __m512i top_bin = _mm512_set1_epi32(kBins - 1), zero = _mm512_setzero_si512(), inc = _mm512_set1_epi32(1);
+        for (; i + 16 <= size; i += 16) {
+          const __m512 u = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(_mm512_loadu_ps(row.data() + i), vs), neg), one);
+          __m512i bin = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_add_ps(u, one), half_bins));
+          bin = _mm512_min_epi32(_mm512_max_epi32(bin, zero), top_bin);
+          __m512i a = _mm512_i32gather_epi32(bin, start.data(), 4);
+          const __m512 ma = _mm512_i32gather_ps(a, mm.data(), 4);
+          a = _mm512_mask_add_epi32(a, _mm512_cmp_ps_mask(ma, u, _CMP_LT_OQ), a, inc);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(q.data() + i), _mm512_cvtepi32_epi8(a));
+        }
+#endif
+        for (; i < size; ++i) {
           const float u = std::min(1.f, std::max(-1.f, row[i] / safe));
           const int32_t bin = std::min<int32_t>(kBins - 1, std::max<int32_t>(0, static_cast<int32_t>((u + 1.f) * (kBins / 2))));
           const int32_t a = start[bin];

@@ -130,7 +130,8 @@ class IntQuant(Compressor):
         if not all(bool(torch.isfinite(t).all()) for t in p.tensors[1:]):  # scales (and zero points): tiny
             raise FloatingPointError(
                 f"{ctx.name}: {self.spec} scales overflow scale={self.config.scale} at step {ctx.step} (max |x| "
-                f"{float(x.abs().max()):.4g} in {x.dtype}); use scale=bf16 or scale=fp32")
+                f"{float(x.abs().max()):.4g} in {x.dtype}); " + ("the input holds NaN/Inf" if not bool(torch.isfinite(x).all())
+                                                                   else "use a wider scale: scale=bf16 or scale=fp32"))
         return p
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:

@@ -52,3 +52,4 @@ def test_the_fused_path_is_taken_where_it_applies():
 def test_bad_kernel_names_the_accepted_values():
     with pytest.raises(ValueError, match="kernel='cuda'; accepted: fused, eager"):
         ppc.parse_op("int8:kernel=cuda")
+
