@@ -41,6 +41,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -137,6 +138,26 @@ class Namespaces:
                 p.unlink(missing_ok=True)
 
 
+def shaped_links(stages: int, links: list[tuple[str, float, float]], netns: bool,
+                 env: dict[str, str]) -> Iterator[tuple[Namespaces | None, tuple[str, float, float], dict[str, str]]]:
+    """Each link in turn: (the stage namespaces shaped to its rate, or None when emulated; the link; the environment
+    that makes benchmarks/throttle.py add its latency, and its rate too when emulated). Namespaces go on exit."""
+    with Namespaces(stages) if netns else contextlib.nullcontext() as ns:
+        for name, rate, latency in links:
+            if ns:
+                ns.shape(rate)
+            yield ns, (name, rate, latency), {**env, "PPC_BENCH_LATENCY_MS": str(latency),
+                                               "PPC_BENCH_RATE_MBIT": "0" if ns else str(rate)}
+
+
+def run_throttled(ns: Namespaces | None, stages: int, script: Path, args: list[str], env: dict[str, str],
+                  timeout: int) -> tuple[int, str]:
+    """`script` on `stages` processes through benchmarks/throttle.py: one per namespace, else on this host."""
+    if ns:
+        return ns.run([sys.executable, str(THROTTLE), str(script), *args], env, timeout)
+    return run_job(THROTTLE, stages, str(script), *args, env=env, timeout=timeout)
+
+
 def netns_permitted() -> str | None:
     """None when namespaces work here, else the reason they do not."""
     if shutil.which("ip") is None or shutil.which("tc") is None:
@@ -188,30 +209,23 @@ def main() -> None:
               "--eval-every", "0", "--eval-batches", "1", "--overwrite", *([] if args.tied else ["--untied"])]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     results: list[dict] = []
-    with Namespaces(args.stages) if mode == "netns+tbf" else contextlib.nullcontext() as ns:
-        for name, rate, latency in links:
-            if ns:
-                ns.shape(rate)
-            lenv = {**env, "PPC_BENCH_LATENCY_MS": str(latency), "PPC_BENCH_RATE_MBIT": "0" if ns else str(rate)}
-            for spec in specs:
-                out = args.work / f"{name}_{re.sub(r'[^A-Za-z0-9.]+', '-', spec)}"
-                compress, *own = spec.split()  # 'int8 --subspace 12': a spec, then options of this run only
-                rargs = [*recipe, *own, "--pp-compress", compress, "--out", str(out)]
-                t0 = time.perf_counter()
-                if ns:
-                    rc, log = ns.run([sys.executable, str(THROTTLE), str(ROOT / "recipes" / "pretrain.py"), *rargs], lenv, 1800)
-                else:
-                    rc, log = run_job(THROTTLE, args.stages, str(ROOT / "recipes" / "pretrain.py"), *rargs, env=lenv, timeout=1800)
-                if rc != 0:
-                    raise SystemExit(f"link {name}, spec {spec}: exit {rc}\n{log[-4000:]}")
-                rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-                r = {"mode": mode, "link": name, "rate_mbit": rate, "latency_ms": latency, "spec": spec, **measure(rows, out)}
-                base = next((b for b in results if b["link"] == name and b["spec"] == "none"), None)
-                r["speedup"] = base["step_s"] / r["step_s"] if base else None
-                results.append(r)
-                print(f"{name:>8s} {spec:24s} step {r['step_s']:.3f} s  {r['tokens_per_s']:7.0f} tok/s  wire "
-                      f"{(r['act_wire'] + r['grad_wire']) / 1e6:6.2f} MB/step"
-                      + (f"  speedup {r['speedup']:.2f}x" if r["speedup"] else "") + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+    for ns, (name, rate, latency), lenv in shaped_links(args.stages, links, mode == "netns+tbf", env):
+        for spec in specs:
+            out = args.work / f"{name}_{re.sub(r'[^A-Za-z0-9.]+', '-', spec)}"
+            compress, *own = spec.split()  # 'int8 --subspace 12': a spec, then options of this run only
+            rargs = [*recipe, *own, "--pp-compress", compress, "--out", str(out)]
+            t0 = time.perf_counter()
+            rc, log = run_throttled(ns, args.stages, ROOT / "recipes" / "pretrain.py", rargs, lenv, 1800)
+            if rc != 0:
+                raise SystemExit(f"link {name}, spec {spec}: exit {rc}\n{log[-4000:]}")
+            rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+            r = {"mode": mode, "link": name, "rate_mbit": rate, "latency_ms": latency, "spec": spec, **measure(rows, out)}
+            base = next((b for b in results if b["link"] == name and b["spec"] == "none"), None)
+            r["speedup"] = base["step_s"] / r["step_s"] if base else None
+            results.append(r)
+            print(f"{name:>8s} {spec:24s} step {r['step_s']:.3f} s  {r['tokens_per_s']:7.0f} tok/s  wire "
+                  f"{(r['act_wire'] + r['grad_wire']) / 1e6:6.2f} MB/step"
+                  + (f"  speedup {r['speedup']:.2f}x" if r["speedup"] else "") + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
     write(results, args, mode)
 
 

@@ -18,7 +18,6 @@ every compressed spec so that batch-1 decode messages (one position) are compres
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import os
@@ -29,9 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.e2e import THROTTLE, Namespaces, netns_permitted, parse_link  # noqa: E402
+from benchmarks.e2e import Namespaces, netns_permitted, parse_link, run_throttled, shaped_links  # noqa: E402
 from recipes import data  # noqa: E402
-from recipes.launch import run_job  # noqa: E402
 
 SPECS = ["none", "int8", "int8:rot", "int4:rot"]
 
@@ -50,10 +48,7 @@ def prompts(checkpoint: Path, corpus: str, n: int, tokens: int) -> tuple[list[st
 
 def run(ns: Namespaces | None, stages: int, args: list[str], env: dict[str, str]) -> dict:
     out = Path(args[args.index("--out") + 1])
-    if ns:
-        rc, log = ns.run([sys.executable, str(THROTTLE), str(ROOT / "recipes" / "infer.py"), *args], env, 3600)
-    else:
-        rc, log = run_job(THROTTLE, stages, str(ROOT / "recipes" / "infer.py"), *args, env=env, timeout=3600)
+    rc, log = run_throttled(ns, stages, ROOT / "recipes" / "infer.py", args, env, 3600)
     if rc != 0:
         raise SystemExit(f"recipes/infer.py {shlex.join(args)}: exit {rc}\n{log[-4000:]}")
     return json.loads(out.read_text())
@@ -95,29 +90,25 @@ def main() -> None:
            "PPC_BENCH_P2P": "torch"}
     results: list[dict] = []
     for stages in stage_counts:
-        with Namespaces(stages) if mode == "netns+tbf" else contextlib.nullcontext() as ns:
-            for name, rate, latency in links:
-                if ns:
-                    ns.shape(rate)
-                lenv = {**env, "PPC_BENCH_LATENCY_MS": str(latency), "PPC_BENCH_RATE_MBIT": "0" if ns else str(rate)}
-                for b in batches:
-                    pfile = args.work / f"prompts_{b}.txt"
-                    pfile.write_text("\n".join(texts[:b]) + "\n")
-                    for spec in specs:
-                        t0 = time.perf_counter()
-                        out = args.work / f"result_{stages}_{b}.json"
-                        res = run(ns, stages, ["--checkpoint", str(args.checkpoint), "--prompt-file", str(pfile),
-                                               "--max-new-tokens", str(args.new), "--stages", str(stages),
-                                               "--pp-compress", spec if spec == "none" else f"{spec},min_numel=0",
-                                               "--out", str(out)], lenv)
-                        row = summarize(res, mode, name, rate, latency, stages, b, spec, sum(lens[:b]) / b)
-                        base = next((r for r in results if (r["link"], r["stages"], r["batch"], r["spec"]) ==
-                                     (name, stages, b, "none")), None)
-                        row["ttft_speedup"] = base["ttft_s"] / row["ttft_s"] if base else None
-                        row["decode_speedup"] = row["decode_tok_s"] / base["decode_tok_s"] if base else None
-                        results.append(row)
-                        print(f"{name} {stages} stages batch {b:2d} {spec:10s} TTFT {row['ttft_s']:7.2f} s  decode "
-                              f"{row['decode_tok_s']:6.1f} tok/s  ({time.perf_counter() - t0:.0f} s)", flush=True)
+        for ns, (name, rate, latency), lenv in shaped_links(stages, links, mode == "netns+tbf", env):
+            for b in batches:
+                pfile = args.work / f"prompts_{b}.txt"
+                pfile.write_text("\n".join(texts[:b]) + "\n")
+                for spec in specs:
+                    t0 = time.perf_counter()
+                    out = args.work / f"result_{stages}_{b}.json"
+                    res = run(ns, stages, ["--checkpoint", str(args.checkpoint), "--prompt-file", str(pfile),
+                                           "--max-new-tokens", str(args.new), "--stages", str(stages),
+                                           "--pp-compress", spec if spec == "none" else f"{spec},min_numel=0",
+                                           "--out", str(out)], lenv)
+                    row = summarize(res, mode, name, rate, latency, stages, b, spec, sum(lens[:b]) / b)
+                    base = next((r for r in results if (r["link"], r["stages"], r["batch"], r["spec"]) ==
+                                 (name, stages, b, "none")), None)
+                    row["ttft_speedup"] = base["ttft_s"] / row["ttft_s"] if base else None
+                    row["decode_speedup"] = row["decode_tok_s"] / base["decode_tok_s"] if base else None
+                    results.append(row)
+                    print(f"{name} {stages} stages batch {b:2d} {spec:10s} TTFT {row['ttft_s']:7.2f} s  decode "
+                          f"{row['decode_tok_s']:6.1f} tok/s  ({time.perf_counter() - t0:.0f} s)", flush=True)
     write(results, args, mode)
 
 
