@@ -12,9 +12,9 @@ moment). Only the sign and the exponent travel.
               (probability |x| / p), so it stays unbiased; their variance |x| (p - |x|) exceeds the x^2 / 8 bound,
               which is the price of the fewer bits.
 
-The uniforms come from the context (`ctx.uniform`, salt "nat"); the receiver needs no random numbers. A value in the dtype's
-top binade can round up to 2^(emax + 1), which the dtype cannot hold: the decoder then raises FloatingPointError
-naming the boundary (as for any operator whose reconstruction overflows), never a silent inf.
+The uniforms come from the context (`ctx.uniform`, salt "nat"); the receiver needs no random numbers. A value in
+the dtype's top binade can round up to 2^(emax + 1), which the dtype cannot hold: the decoder then raises
+FloatingPointError naming the boundary (as for any operator whose reconstruction overflows), never a silent inf.
 """
 from __future__ import annotations
 
