@@ -1,8 +1,8 @@
 """Multi-epoch finetuning, AQ-SGD's regime (issue 17): bits on the wire in the first epoch and in the later ones.
 
-AQ-SGD sends a sample's first visit raw and every later visit as a compressed delta to what the receiver already
-holds, so its cost and its gain both depend on the epoch: this module splits a run's logged traffic at the end of
-the first epoch and sets the final loss against uncompressed finetuning of the same samples.
+AQ-SGD sends a sample's first visit raw (or compressed: `+aqsgd:first=`) and every later visit as a compressed delta
+to what the receiver already holds, so its cost and its gain both depend on the epoch: this module splits a run's
+logged traffic at the end of the first epoch and sets the final loss against uncompressed finetuning of the same samples.
 """
 from __future__ import annotations
 

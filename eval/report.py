@@ -198,7 +198,8 @@ def epochs_section(ftep: dict[str, dict], rel: Path, results: Path, readme: Path
     return ["### Multi-epoch finetuning: AQ-SGD's deltas (`eval/results/finetune_epochs.json`)", "",
             f"`recipes/finetune.py {' '.join(FT_EP_COMMON)} --pp-compress SPEC`: SmolLM2-135M-Instruct on {n} sequences of "
             f"Jane Austen for {rows[0]['epochs']:.0f} epochs of {rows[0]['steps_per_epoch']} steps, so every sample comes "
-            f"back {rows[0]['epochs'] - 1:.0f} times. AQ-SGD sends a sample's first visit raw and every later visit as a compressed delta to "
+            f"back {rows[0]['epochs'] - 1:.0f} times. AQ-SGD sends a sample's first visit raw (or, with "
+            "`+aqsgd:first=OP`, compressed by OP) and every later visit as a compressed delta to "
             "what the receiver already holds: its bits are split at the end of the first epoch. int4 without AQ-SGD is "
             "the control at the same bits. Eight epochs of 32 sequences overfit: validation loss turns up after the "
             "first epochs while training loss keeps falling, so the loss rule judges the best validation loss (the "

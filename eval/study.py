@@ -113,8 +113,8 @@ LONG: dict[str, str] = {
 FINDINGS_RUNS = ("topk0.1", "topk0.1+ef", "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.1+aqsgd", "topk0.2", "topk0.3")
 LONG_COMMON = ["--stages", "4", "--model", "small", "--steps", "1000", "--val-fraction", "0.05", "--eval-every", "50",
                "--eval-batches", "32", "--log-every", "20", "--save-every", "100"]
-# Multi-epoch finetuning, where AQ-SGD can compress: it sends a sample's first visit raw and later visits as compressed
-# deltas to what the receiver already holds, so with E epochs (E - 1) / E of the traffic is deltas. SmolLM2-135M on
+# Multi-epoch finetuning, where AQ-SGD can compress: it sends a sample's first visit raw (or compressed, with
+# `+aqsgd:first=`) and later visits as compressed deltas to what the receiver already holds, so with E epochs (E - 1) / E of the traffic is deltas. SmolLM2-135M on
 # 32 sequences of Austen for 8 epochs (64 steps of 4 sequences): 7/8 of the visits are repeats, and 8 epochs of a small
 # set is the usual few-shot finetuning regime. int4 without AQ-SGD is the control at the same delta bits. Validation
 # runs uncompressed (eval=none): the question is what compressed training does to the model, and int4 at inference
@@ -122,7 +122,13 @@ LONG_COMMON = ["--stages", "4", "--model", "small", "--steps", "1000", "--val-fr
 FT_EPOCHS: dict[str, str] = {"ft-ep-base": "none", "ft-ep-act-int4": "act=int4,grad=int8,eval=none",
                              "ft-ep-act-int4+aqsgd": "act=int4+aqsgd,grad=int8,eval=none",
                              # the fewest bits on repeats: 2-bit deltas, and the 3-bit stochastic gradients pretraining took
-                             "ft-ep-act-int2+aqsgd_grad-int3stoch": "act=int2+aqsgd,grad=int3:stoch,eval=none"}
+                             "ft-ep-act-int2+aqsgd_grad-int3stoch": "act=int2+aqsgd,grad=int3:stoch,eval=none",
+                             # the first visit compressed too (issue 24): rotated int8 (near-lossless on SmolLM2's
+                             # outlier channels), or the tile-adaptive 3.5 bits; later visits as 2-bit deltas
+                             "ft-ep-act-int2+aqsgd-first-int8rot_grad-int3stoch":
+                                 "act=int2+aqsgd:first=int8:rot,grad=int3:stoch,eval=none",
+                             "ft-ep-act-int2+aqsgd-first-tile3.5_grad-int3stoch":
+                                 "act=int2+aqsgd:first=tile:3.5,grad=int3:stoch,eval=none"}
 FT_EP_COMMON = ["--stages", "2", "--data", "austen", "--train-sequences", "32", "--steps", "64", "--seq-len", "128",
                 "--micro-batch", "2", "--grad-accum", "2", "--eval-every", "8", "--eval-batches", "8", "--log-every", "4",
                 "--lr", "5e-5", "--seed", "0", "--save-every", "16"]
@@ -160,6 +166,7 @@ SEEDS["sm-base-seed1"] = SEEDS["sm-tile3.5_grad-tile3stoch-seed1"] = 1
 LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace48-int8", "act-int8_grad-int3stoch",
               "act-int5_grad-int3stoch", "act-int4b32_grad-int3stoch", "act-nf5_grad-nf2stoch", "act-nf6_grad-int3stoch",
               "ft-ep-base", "ft-ep-act-int4+aqsgd", "ft-ep-act-int4", "ft-ep-act-int2+aqsgd_grad-int3stoch",
+              "ft-ep-act-int2+aqsgd-first-int8rot_grad-int3stoch", "ft-ep-act-int2+aqsgd-first-tile3.5_grad-int3stoch",
               "act-int4_grad-int3stoch-warm100",
               "act-topk0.3row-int8+ef_grad-int8", "act-lowrank8+ef21_grad-int8", "act-nf40_grad-nf5stoch", "topk0.1", "topk0.1+ef",
               "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.2", "topk0.3", "topk0.1+aqsgd", "act-nf4_grad-nf3stoch",

@@ -9,7 +9,8 @@ Grammar (one parser for the CLI flag, the DeepSpeed JSON and Python):
     key        := act | grad | eval | warmup | min_numel | seed | nonfinite | b<N>.act | b<N>.grad
     spec       := op (">" op)* ["+" feedback]      e.g. topk:0.1>int8+ef
     op         := name (":" arg)*                  arg := value | field=value | flag
-    feedback   := ef | ef21 | aqsgd
+    feedback   := ef | ef21 | aqsgd [":first=" op (">" op)*]
+                                                   AQ-SGD's first visit of a sample compressed (default raw)
 
 `str(cfg)` is canonical and `parse_spec(str(cfg)) == cfg`; `to_dict`/`from_dict` round-trip the same
 content as JSON-able dicts (the `"pp_compress"` section of a DeepSpeed config).
@@ -30,7 +31,7 @@ from .ops.base import NONFINITE_POLICIES, Compressor, OpConfig, format_op
 from .ops.chain import Chain
 from .presets import PRESETS, expand
 
-SPEC_FORMS = "op[:args][>op[:args]][+ef|+ef21|+aqsgd], op one of: " + "; ".join(c.FORMS for c in op_configs())
+SPEC_FORMS = "op[:args][>op[:args]][+ef|+ef21|+aqsgd[:first=op[:args]]], op one of: " + "; ".join(c.FORMS for c in op_configs())
 
 
 def _accepted() -> str:
@@ -94,12 +95,20 @@ class CompressorSpec:
     """Operators applied in order: each later one compresses the float tensors of the one before."""
     feedback: str | None = None
     """Error compensation wrapper: ef, ef21, aqsgd, or None."""
+    first: tuple[OpConfig, ...] = ()
+    """+aqsgd only: the chain that compresses a sample's first visit (`+aqsgd:first=int8`); empty sends it raw."""
 
     def __post_init__(self) -> None:
         if not self.ops:
             object.__setattr__(self, "ops", (parse_op("identity"),))
         if self.feedback is not None and self.feedback not in FEEDBACKS:
             raise ValueError(f"feedback {self.feedback!r}; accepted: {', '.join(FEEDBACKS)}")
+        if self.first and self.feedback != "aqsgd":
+            raise ValueError(f"first={'>'.join(format_op(op) for op in self.first)} compresses AQ-SGD's first visit of a "
+                             f"sample; it needs +aqsgd, not {'+' + self.feedback if self.feedback else 'no feedback'}")
+        for op in self.first:
+            if op.LEARNS_FROM_GRAD:
+                raise ValueError(f"{format_op(op)} learns from the gradient, so it cannot compress AQ-SGD's first visit")
         for i, op in enumerate(self.ops):
             if op.LEARNS_FROM_GRAD and (i > 0 or self.feedback == "aqsgd"):
                 raise ValueError(f"{format_op(op)} learns from the gradient of the tensor it compresses, so it must come "
@@ -118,33 +127,47 @@ class CompressorSpec:
         body, *fb = text.split("+")
         if len(fb) > 1:
             raise ValueError(f"at most one feedback suffix in {text!r}; accepted: +{', +'.join(FEEDBACKS)}")
-        feedback = fb[0].strip() if fb else None
+        feedback, _, arg = fb[0].strip().partition(":") if fb else (None, "", "")
         if feedback is not None and feedback not in FEEDBACKS:
             raise ValueError(f"unknown feedback {feedback!r} in {text!r}; accepted: +{', +'.join(FEEDBACKS)}")
-        return cls(tuple(parse_op(t) for t in body.split(">")), feedback)
+        first: tuple[OpConfig, ...] = ()
+        if arg:  # the rest of the token is the first-visit chain: its operators may have arguments of their own
+            if feedback != "aqsgd" or not arg.startswith("first="):
+                raise ValueError(f"unexpected feedback argument {arg!r} in {text!r}; accepted: +aqsgd:first=<op>[><op>]")
+            first = tuple(parse_op(t) for t in arg[len("first="):].split(">"))
+        return cls(tuple(parse_op(t) for t in body.split(">")), feedback, first)
 
     def __str__(self) -> str:
-        return ">".join(format_op(op) for op in self.ops) + (f"+{self.feedback}" if self.feedback else "")
+        first = f":first={'>'.join(format_op(op) for op in self.first)}" if self.first else ""
+        return ">".join(format_op(op) for op in self.ops) + (f"+{self.feedback}{first}" if self.feedback else "")
 
     @property
     def is_identity(self) -> bool:
         return str(self) == "identity"
 
     def build(self, nonfinite: str = "raise") -> Compressor:
-        comp = self.ops[-1].build()
-        for op in reversed(self.ops[:-1]):
-            comp = Chain(op.build(), comp)
-        if self.feedback:
+        comp = _chain(self.ops)
+        if self.first:
+            comp = WRAPPERS["aqsgd"](comp, first=_chain(self.first))
+        elif self.feedback:
             comp = WRAPPERS[self.feedback](comp)
         for part in _walk(comp):
             part.nonfinite = nonfinite
         return comp
 
 
+def _chain(ops: tuple[OpConfig, ...]) -> Compressor:
+    """The operators applied in order, as one compressor."""
+    comp = ops[-1].build()
+    for op in reversed(ops[:-1]):
+        comp = Chain(op.build(), comp)
+    return comp
+
+
 def _walk(comp: Compressor) -> list[Compressor]:
     parts = [comp]
-    for child in ("inner", "outer"):
-        if hasattr(comp, child):
+    for child in ("inner", "outer", "first"):
+        if getattr(comp, child, None) is not None:
             parts += _walk(getattr(comp, child))
     return parts
 

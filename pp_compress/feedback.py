@@ -12,8 +12,9 @@ x) and is sent on later steps, and `saturated` counts the clipped elements (the 
 
   EF     c = C(x + e);  e <- x + e - D(c)                  sender only; the payload is C's
   EF21   c = C(x - g);  g <- g + D(c); output g            g mirrored on both sides
-  AQSGD  per sample s: first visit sends x raw, then c = C(x - m_s); m_s <- m_s + D(c)
-         payload = (raw rows of first-visit samples, C's payload for the others)
+  AQSGD  per sample s: first visit sends x raw (or c0 = F(x), m_s <- D(c0) with `+aqsgd:first=F`),
+         then c = C(x - m_s); m_s <- m_s + D(c)
+         payload = (first-visit rows, raw or F's payload; C's payload for the others)
 """
 from __future__ import annotations
 
@@ -138,6 +139,14 @@ class AQSGD(_Wrapper):
 
     tag = "aqsgd"
 
+    def __init__(self, inner: Compressor, nonfinite: str = "raise", first: Compressor | None = None) -> None:
+        super().__init__(inner, nonfinite)
+        self.first = first
+        """Compresses a sample's first visit (None: sent raw). Both sides then start its buffer from the decoded
+        first visit, and later deltas correct what it lost."""
+        if first is not None:
+            self.config = f"{self.config}:first={first.spec}"
+
     def batch_grouped(self) -> bool:
         return True  # buffers are kept per sample: one row of the batch dim each
 
@@ -168,7 +177,11 @@ class AQSGD(_Wrapper):
         # A receiver asks before decoding; a sender (or an in-process pair) before encoding.
         _, old, new = self._split(ctx, tuple(shape), self.recv if ctx.sample_key in self.recv else self.send)
         rest = tuple(shape[1:])
-        return [TensorSpec((len(new),) + rest, dtype)] + self.inner.wire_layout((len(old),) + rest, dtype, ctx)
+        return self._first_layout((len(new),) + rest, dtype, ctx) + self.inner.wire_layout((len(old),) + rest, dtype, ctx)
+
+    def _first_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context) -> Layout:
+        """The first-visit rows' tensors: the rows themselves, or the first-visit compressor's payload."""
+        return [TensorSpec(shape, dtype)] if self.first is None else self.first.wire_layout(shape, dtype, ctx)
 
     def _sub(self, ctx: Context, rows: list[int]) -> Context:
         ids = ctx.sample_ids.reshape(-1)[rows] if ctx.sample_ids is not None else None  # (len(rows),)
@@ -183,17 +196,25 @@ class AQSGD(_Wrapper):
         base = torch.stack([buf[ids[i]] for i in old]) if old else x.new_zeros((0,) + x.shape[1:], dtype=acc)  # (n_old, ...)
         delta = _fit(self, x[old].to(acc) - base, x.dtype)  # (n_old, ...)
         inner = self.inner.encode(delta, self._sub(ctx, old))
-        self._update(buf, ids, old, new, base, self.inner.decode(inner, self._sub(ctx, old)), x[new])
-        return Payload((x[new].contiguous(),) + inner.tensors, x.shape, x.dtype)
+        if self.first is None:
+            first, seen = (x[new].contiguous(),), x[new]  # (n_new, ...)
+        else:  # the receiver's view of the first visit is what both sides keep
+            p = self.first.encode(x[new].contiguous(), self._sub(ctx, new))
+            first, seen = p.tensors, self.first.decode(p, self._sub(ctx, new))  # seen: (n_new, ...)
+        self._update(buf, ids, old, new, base, self.inner.decode(inner, self._sub(ctx, old)), seen)
+        return Payload(tuple(first) + inner.tensors, x.shape, x.dtype)
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
         if not ctx.training:
             return self.inner.decode(payload, ctx)
         ids, old, new = self._split(ctx, tuple(payload.shape), self.recv)
         buf = self.recv.setdefault(ctx.sample_key, {})
-        raw, rest = payload.tensors[0], payload.tensors[1:]
-        shape = torch.Size((len(old),) + tuple(payload.shape[1:]))
-        delta = self.inner.decode(Payload(tuple(rest), shape, payload.dtype), self._sub(ctx, old))
+        rows = tuple(payload.shape[1:])
+        n = len(self._first_layout((len(new),) + rows, payload.dtype, ctx))
+        first, rest = payload.tensors[:n], payload.tensors[n:]
+        raw = first[0] if self.first is None else self.first.decode(
+            Payload(tuple(first), torch.Size((len(new),) + rows), payload.dtype), self._sub(ctx, new))  # (n_new, ...)
+        delta = self.inner.decode(Payload(tuple(rest), torch.Size((len(old),) + rows), payload.dtype), self._sub(ctx, old))
         base = torch.stack([buf[ids[i]] for i in old]) if old else delta.to(_acc_dtype(delta.dtype))
         return self._update(buf, ids, old, new, base, delta, raw)
 

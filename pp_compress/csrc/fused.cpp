@@ -8,6 +8,7 @@
 #include <c10/util/Half.h>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #if defined(__BMI2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -81,7 +82,31 @@ inline void pack_row(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
   }
 }
 
+#ifdef __AVX512VBMI__
+// 64 codes per step: a byte permute puts the B bytes holding 8 codes at the bottom of each 64-bit lane, a multishift
+// moves code j's bits to the bottom of byte j, and a mask keeps B of them. A masked load and store take the tail.
+inline void unpack_row_vbmi(const uint8_t* in, int64_t n, int bits, uint8_t* codes) {
+  alignas(64) uint8_t perm[64], shift[64];
+  for (int k = 0; k < 8; ++k)
+    for (int m = 0; m < 8; ++m) {
+      perm[8 * k + m] = static_cast<uint8_t>(bits * k + std::min(m, bits - 1));
+      shift[8 * k + m] = static_cast<uint8_t>(bits * m);
+    }
+  const __m512i vperm = _mm512_load_si512(perm), vshift = _mm512_load_si512(shift);
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1u << bits) - 1));
+  for (int64_t i = 0; i < n; i += 64, in += 8 * bits) {
+    const int64_t left = std::min<int64_t>(64, n - i), bytes = (left * bits + 7) / 8;
+    const __m512i w = _mm512_maskz_loadu_epi8(_bzhi_u64(~0ull, static_cast<unsigned>(bytes)), in);
+    const __m512i c = _mm512_and_si512(_mm512_multishift_epi64_epi8(vshift, _mm512_permutexvar_epi8(vperm, w)), mask);
+    _mm512_mask_storeu_epi8(codes + i, _bzhi_u64(~0ull, static_cast<unsigned>(left)), c);
+  }
+}
+#endif
+
 inline void unpack_row(const uint8_t* in, int64_t n, int bits, uint8_t* codes) {
+#if defined(__AVX512VBMI__) && defined(__BMI2__)
+  if (bits < 8) return unpack_row_vbmi(in, n, bits, codes);
+#endif
   if (bits < 8 && 8 % bits == 0) {  // whole codes per byte: one vectorizable loop per position in the byte
     const int per = 8 / bits;
     const uint8_t mask = static_cast<uint8_t>((1u << bits) - 1);
@@ -109,21 +134,127 @@ inline float noise_uniform(uint64_t key, uint64_t i) {
 
 int64_t rows_per_task(int64_t size) { return std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(size, 1)); }
 
-// x as fp32 into `row`, and max |x|: the largest bit pattern without the sign bit (the order of non-negative floats),
-// an integer reduction the compiler vectorizes (a float max reduction it would not, without fast-math)
-template <typename scalar_t> inline float load_absmax(const scalar_t* r, int64_t size, float* row) {
+// The row as fp32 (x itself when it is fp32, else converted into `buf`) and its max |x|: the largest bit pattern
+// without the sign bit (the order of non-negative floats), an integer reduction the compiler vectorizes (a float max
+// reduction it would not, without fast-math)
+template <typename scalar_t> inline const float* load_absmax(const scalar_t* r, int64_t size, float* buf, float* amax) {
+  const float* row = buf;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    row = r;
+  } else {
+    for (int64_t i = 0; i < size; ++i) buf[i] = to_f(r[i]);
+  }
   uint32_t top = 0;
   for (int64_t i = 0; i < size; ++i) {
-    row[i] = to_f(r[i]);
     uint32_t b;
     std::memcpy(&b, row + i, 4);
     top = std::max(top, b & 0x7fffffffu);
   }
-  float amax;
-  std::memcpy(&amax, &top, 4);
-  return amax;
+  std::memcpy(amax, &top, 4);
+  return row;
 }
 
+// Decoding is a table lookup: a row's 2**bits possible outputs (the level times the row's scale, in the output dtype,
+// computed with the reference's fp32 arithmetic and rounding) are built first, then each code indexes them. With
+// AVX-512 the table sits in one to four vector registers and a permute does 16 (fp32) or 32 (16-bit) lookups at once.
+template <typename scalar_t> struct Lookup {
+  static void row(const uint8_t* q, int64_t n, int bits, const float* tab, scalar_t* o) {
+    alignas(64) scalar_t t[256] = {};
+    for (int c = 0; c < (1 << bits); ++c) t[c] = static_cast<scalar_t>(tab[c]);
+    int64_t i = 0;
+#ifdef __AVX512BW__
+    if constexpr (sizeof(scalar_t) == 2) {  // bf16, fp16: 32 lookups per permute of 16-bit entries
+      if (bits <= 6) {
+        const __m512i t0 = _mm512_load_si512(t), t1 = _mm512_load_si512(t + 32);
+        for (; i + 32 <= n; i += 32) {
+          const __m512i idx = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i)));
+          _mm512_storeu_si512(o + i, bits <= 5 ? _mm512_permutexvar_epi16(idx, t0) : _mm512_permutex2var_epi16(t0, idx, t1));
+        }
+      }
+    }
+#endif
+    for (; i < n; ++i) o[i] = t[q[i]];
+  }
+};
+
+template <> struct Lookup<float> {
+  static void row(const uint8_t* q, int64_t n, int bits, const float* tab, float* o) {
+    int64_t i = 0;
+#ifdef __AVX512F__
+    if (bits <= 6) {
+      alignas(64) float t[64] = {};
+      std::memcpy(t, tab, sizeof(float) << bits);
+      const __m512 t0 = _mm512_load_ps(t), t1 = _mm512_load_ps(t + 16), t2 = _mm512_load_ps(t + 32),
+                   t3 = _mm512_load_ps(t + 48);
+      const __m512i b5 = _mm512_set1_epi32(32);
+      for (; i + 16 <= n; i += 16) {
+        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
+        __m512 v;
+        if (bits <= 4) {
+          v = _mm512_permutexvar_ps(idx, t0);
+        } else {
+          v = _mm512_permutex2var_ps(t0, idx, t1);
+          if (bits == 6) v = _mm512_mask_blend_ps(_mm512_test_epi32_mask(idx, b5), v, _mm512_permutex2var_ps(t2, idx, t3));
+        }
+        _mm512_storeu_ps(o + i, v);
+      }
+    }
+#endif
+    for (; i < n; ++i) o[i] = tab[q[i]];
+  }
+};
+
+#ifdef __AVX512F__
+// u = clamp(x / s, -1, 1) for 16 values, as nf_encode's scalar loop computes it (IEEE division, a max then a min that
+// take a NaN to -1)
+inline __m512 unit16(const float* at, __m512 vs) {
+  return _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(_mm512_loadu_ps(at), vs), _mm512_set1_ps(-1.f)), _mm512_set1_ps(1.f));
+}
+
+// The nearest-level codes of 16 values at a time for up to 64 levels: a branchless binary search over the midpoints
+// (`padded`, +inf beyond the last). The count c of midpoints < u grows by `step` where midpoint c + step - 1 is < u.
+// Before a step, c is a multiple of 2 * step, so the midpoint it compares with is entry c / (2 * step) of that
+// step's own table of candidates: at most 16 of them (one register, one permute), 32 for the last step of 64 levels.
+// Two vectors per iteration, so that their dependency chains overlap. Returns how many values it coded.
+template <int SB> int64_t nf_search_t(const float* row, int64_t size, __m512 vs, const float* padded, uint8_t* q) {
+  constexpr int first = 1 << (SB - 1);
+  alignas(64) float cand[SB][32] = {};  // cand[j][k]: the midpoint compared at step 2**j when c = k * 2**(j + 1)
+  for (int j = 0; j + 1 < SB; ++j)
+    for (int k = 0; k < (1 << (SB - 1 - j)); ++k) cand[j][k] = padded[(k << (j + 1)) + (1 << j) - 1];
+  __m512 tab[SB], last_hi = _mm512_load_ps(cand[0] + 16);
+  for (int j = 0; j < SB; ++j) tab[j] = _mm512_load_ps(cand[j]);
+  const __m512 pivot = _mm512_set1_ps(padded[first - 1]);
+  auto code = [&](const float* at) {
+    const __m512 u = unit16(at, vs);
+    __m512i c = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(pivot, u, _CMP_LT_OQ), _mm512_set1_epi32(first));
+    for (int j = SB - 2; j >= 0; --j) {
+      const __m512i k = _mm512_srli_epi32(c, j + 1);
+      const __m512 mc = (SB == 6 && j == 0) ? _mm512_permutex2var_ps(tab[0], k, last_hi) : _mm512_permutexvar_ps(k, tab[j]);
+      c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(mc, u, _CMP_LT_OQ), c, _mm512_set1_epi32(1 << j));
+    }
+    return _mm512_cvtepi32_epi8(c);
+  };
+  int64_t i = 0;
+  for (; i + 32 <= size; i += 32) {
+    const __m128i a = code(row + i), b = code(row + i + 16);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), a);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i + 16), b);
+  }
+  for (; i + 16 <= size; i += 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), code(row + i));
+  return i;
+}
+
+inline int64_t nf_search(int sb, const float* row, int64_t size, __m512 vs, const float* padded, uint8_t* q) {
+  switch (sb) {
+    case 1: return nf_search_t<1>(row, size, vs, padded, q);
+    case 2: return nf_search_t<2>(row, size, vs, padded, q);
+    case 3: return nf_search_t<3>(row, size, vs, padded, q);
+    case 4: return nf_search_t<4>(row, size, vs, padded, q);
+    case 5: return nf_search_t<5>(row, size, vs, padded, q);
+    default: return nf_search_t<6>(row, size, vs, padded, q);
+  }
+}
+#endif
 
 }  // namespace
 
@@ -143,10 +274,11 @@ std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "sym_encode", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     at::parallel_for(0, groups, rows_per_task(size), [&](int64_t lo, int64_t hi) {
-      std::vector<float> row(size);
+      std::vector<float> buf(std::is_same_v<scalar_t, float> ? 0 : size);
       std::vector<uint8_t> q(bits == 8 && !stoch ? 0 : size);
       for (int64_t g = lo; g < hi; ++g) {
-        const float amax = load_absmax(xp + g * size, size, row.data());
+        float amax;
+        const float* row = load_absmax(xp + g * size, size, buf.data(), &amax);
         const float s = round_scale(amax / static_cast<float>(top), static_cast<int>(sdt));
         sc[g] = s;
         // m: (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| < 2**22 half to even, as torch.round does, and vectorizes
@@ -195,6 +327,7 @@ torch::Tensor sym_decode(torch::Tensor codes, torch::Tensor scales, int64_t bits
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, groups, rows_per_task(size), [&](int64_t lo, int64_t hi) {
       std::vector<uint8_t> q(bits == 8 ? 0 : size);
+      float tab[128];
       for (int64_t g = lo; g < hi; ++g) {
         const float s = sc[g];
         scalar_t* o = op + g * size;
@@ -204,7 +337,8 @@ torch::Tensor sym_decode(torch::Tensor codes, torch::Tensor scales, int64_t bits
         } else {
           unpack_row(in + g * size * bits / 8, size, bits, q.data());
           const float off = static_cast<float>(top);
-          for (int64_t i = 0; i < size; ++i) o[i] = static_cast<scalar_t>((static_cast<float>(q[i]) - off) * s);
+          for (int c = 0; c < (1 << bits); ++c) tab[c] = (static_cast<float>(c) - off) * s;
+          Lookup<scalar_t>::row(q.data(), size, static_cast<int>(bits), tab, o);
         }
       }
     });
@@ -239,26 +373,33 @@ std::vector<torch::Tensor> nf_encode(torch::Tensor x, torch::Tensor mid, int64_t
   for (int64_t a = 1; a < nmid; ++a)
     TORCH_CHECK(m[a] - m[a - 1] > 2.0 * 2.0 / kBins, "nf_encode: levels closer than 2 of ", kBins,
                 " bins over [-1, 1] (midpoints ", m[a - 1], " and ", m[a], "); the eager reference handles them");
+#ifdef __AVX512F__
+  // up to 64 levels: the midpoints (padded with +inf to 2**search_bits) fit four vector registers; beyond, gathers
+  const int search_bits = nmid < 64 ? std::max(1, static_cast<int>(std::ceil(std::log2(nmid + 1.0)))) : 0;
+  alignas(64) float padded[64];
+  for (int a = 0; a < 64; ++a) padded[a] = a < nmid ? m[a] : INFINITY;
+#endif
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "nf_encode", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     at::parallel_for(0, groups, rows_per_task(size), [&](int64_t lo, int64_t hi) {
-      std::vector<float> row(size);
+      std::vector<float> buf(std::is_same_v<scalar_t, float> ? 0 : size);
       std::vector<uint8_t> q(size);
       for (int64_t g = lo; g < hi; ++g) {
-        const float amax = load_absmax(xp + g * size, size, row.data());
+        float amax;
+        const float* row = load_absmax(xp + g * size, size, buf.data(), &amax);
         const float s = round_scale(amax, static_cast<int>(sdt));
         sc[g] = s;
         const float safe = s > 0.f ? s : 1.f;
         // the code is the number of midpoints < u (torch.bucketize, right=False), counted up from start[bin]
         int64_t i = 0;
 #ifdef __AVX512F__
-        // 16 values at a time, the two table lookups as gathers (the compiler does not emit them for this loop);
-        // every operation is the scalar loop's (IEEE division, a max then a min that take a NaN to -1, truncation)
-        const __m512 vs = _mm512_set1_ps(safe), one = _mm512_set1_ps(1.f), neg = _mm512_set1_ps(-1.f);
+        const __m512 vs = _mm512_set1_ps(safe), one = _mm512_set1_ps(1.f);
+        if (search_bits) i = nf_search(search_bits, row, size, vs, padded, q.data());
+        // beyond 64 levels, the two table lookups as gathers (the compiler does not emit them for this loop)
         const __m512 half_bins = _mm512_set1_ps(static_cast<float>(kBins / 2));
         const __m512i top_bin = _mm512_set1_epi32(kBins - 1), zero = _mm512_setzero_si512(), inc = _mm512_set1_epi32(1);
         for (; i + 16 <= size; i += 16) {
-          const __m512 u = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(_mm512_loadu_ps(row.data() + i), vs), neg), one);
+          const __m512 u = unit16(row + i, vs);
           __m512i bin = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_add_ps(u, one), half_bins));
           bin = _mm512_min_epi32(_mm512_max_epi32(bin, zero), top_bin);
           __m512i a = _mm512_i32gather_epi32(bin, start.data(), 4);
@@ -288,15 +429,18 @@ torch::Tensor nf_decode(torch::Tensor codes, torch::Tensor scales, torch::Tensor
   const uint8_t* in = codes.data_ptr<uint8_t>();
   const float* sc = scales.data_ptr<float>();
   const float* lv = levels.data_ptr<float>();
+  const int64_t nlev = levels.size(0);
+  TORCH_CHECK(nlev <= (1 << bits), "nf_decode: ", nlev, " levels do not fit ", bits, " bits");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, like.scalar_type(), "nf_decode", [&] {
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, groups, rows_per_task(size), [&](int64_t lo, int64_t hi) {
       std::vector<uint8_t> q(size);
+      float tab[256];
       for (int64_t g = lo; g < hi; ++g) {
         unpack_row(in + g * size * bits / 8, size, bits, q.data());
         const float s = sc[g];
-        scalar_t* o = op + g * size;
-        for (int64_t i = 0; i < size; ++i) o[i] = static_cast<scalar_t>(lv[q[i]] * s);
+        for (int c = 0; c < (1 << bits); ++c) tab[c] = c < nlev ? lv[c] * s : 0.f;  // codes stop below nlev
+        Lookup<scalar_t>::row(q.data(), size, static_cast<int>(bits), tab, op + g * size);
       }
     });
   });

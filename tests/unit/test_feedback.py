@@ -32,7 +32,8 @@ def test_estimate_is_what_a_separate_receiver_decodes(spec):
         assert torch.equal(sender.estimate(p, ctx), receiver.decompress(p, ctx))
 
 
-@pytest.mark.parametrize("spec", ["topk:0.1+ef21", "int2:stoch+ef21", "randk:0.1+ef21", "topk:0.2+aqsgd", "int4+aqsgd"])
+@pytest.mark.parametrize("spec", ["topk:0.1+ef21", "int2:stoch+ef21", "randk:0.1+ef21", "topk:0.2+aqsgd", "int4+aqsgd",
+                                  "int2+aqsgd:first=int8:rot", "int3:stoch+aqsgd:first=topk:0.3>int8"])
 def test_sender_and_receiver_state_stay_bit_identical(spec):
     sender, receiver = ppc.build(spec), ppc.build(spec)
     g = torch.Generator().manual_seed(0)
@@ -80,6 +81,37 @@ def test_aqsgd_first_visit_is_raw_then_deltas():
     assert torch.equal(y2[1], x2[1]) and float((y2[0] - x2[0]).norm()) < float(x2[0].norm()) * 0.05
 
 
+def test_aqsgd_compressed_first_visit_sends_the_first_ops_bytes_then_deltas():
+    op, first = ppc.build("int2+aqsgd:first=int8"), ppc.build("int8")
+    x = torch.randn(2, 100, dtype=torch.float64)
+    ctx = ppc.Context(sample_ids=torch.tensor([5, 9]))
+    y, p = op.roundtrip(x, ctx)
+    want = first.compress(x, ctx)
+    assert p.layout[:len(want.layout)] == want.layout  # the first visit travels as int8's payload, no raw rows
+    assert p.nbytes == want.nbytes + sum(t.numel() * t.element_size() for t in p.tensors[len(want.tensors):])
+    assert torch.equal(y, first.decompress(want, ctx))  # both sides start the buffer from the decoded first visit
+    # later visits of the same samples: deltas correct what int8 lost, so the error falls below int8's
+    errs = [float((op.roundtrip(x, ctx.replace(step=s))[0] - x).norm() / x.norm()) for s in range(1, 12)]
+    assert errs[-1] < 0.1 * float((y - x).norm() / x.norm())
+
+
+def test_aqsgd_first_visit_spec_round_trips_and_bad_forms_are_named():
+    from pp_compress.config import CompressorSpec
+    for text in ["int2+aqsgd:first=int8:rot", "topk:0.1>int8+aqsgd:first=topk:0.3>int8"]:
+        spec = CompressorSpec.parse(text)
+        assert str(spec) == text and CompressorSpec.parse(str(spec)) == spec and ppc.build(text).spec == text
+    cfg = ppc.parse_spec("act=int2+aqsgd:first=int8,grad=int8")
+    assert ppc.CompressionConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match=r"'first=int8' in 'int2\+ef:first=int8'; accepted: \+aqsgd:first="):
+        CompressorSpec.parse("int2+ef:first=int8")
+    with pytest.raises(ValueError, match=r"needs \+aqsgd, not \+ef"):
+        CompressorSpec((ppc.parse_op("int2"),), "ef", (ppc.parse_op("int8"),))
+    with pytest.raises(ValueError, match=r"'foo=1'.*accepted: \+aqsgd:first="):
+        CompressorSpec.parse("int2+aqsgd:foo=1")
+    with pytest.raises(ValueError, match="unsupported bit width in 'int9'; accepted: int1 .. int8"):
+        CompressorSpec.parse("int2+aqsgd:first=int9")
+
+
 def test_aqsgd_needs_sample_ids():
     with pytest.raises(ValueError, match="sample ids"):
         ppc.build("int8+aqsgd").compress(torch.randn(2, 4))
@@ -87,7 +119,7 @@ def test_aqsgd_needs_sample_ids():
         ppc.build("int8+aqsgd").compress(torch.randn(2, 4), ppc.Context(sample_ids=torch.tensor([1, 1])))
 
 
-@pytest.mark.parametrize("spec", ["topk:0.1+ef", "topk:0.1+ef21", "int4+aqsgd", "lowrank:2>int8+ef"])
+@pytest.mark.parametrize("spec", ["topk:0.1+ef", "topk:0.1+ef21", "int4+aqsgd", "lowrank:2>int8+ef", "int2+aqsgd:first=int8"])
 def test_state_dict_resume_is_identical(spec):
     xs = [torch.randn(3, 4, 20) for _ in range(8)]
     ctx = lambda i: ppc.Context(step=i, sample_ids=torch.tensor([i % 4, 4 + i % 3, 10]))  # noqa: E731

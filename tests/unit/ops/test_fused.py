@@ -18,7 +18,7 @@ def test_the_kernels_build_here():
 
 
 @pytest.mark.parametrize("spec", SPECS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_fused_is_bitwise_the_eager_reference(spec, dtype):
     fast, ref = ppc.build(spec), ppc.build(spec + ":kernel=eager")
     for shape in SHAPES:
@@ -53,3 +53,19 @@ def test_bad_kernel_names_the_accepted_values():
     with pytest.raises(ValueError, match="kernel='cuda'; accepted: fused, eager"):
         ppc.parse_op("int8:kernel=cuda")
 
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7, 8])
+def test_nf_codes_at_and_beside_every_midpoint_match_the_reference(bits):
+    # the binary search over midpoints in registers (up to 64 levels) and the gathers beyond: a value exactly on a
+    # midpoint goes down (bucketize, right=False), one ulp above goes up
+    from pp_compress.ops.nf import _table
+    _, mid = _table(2**bits, torch.device("cpu"))
+    row = torch.cat([mid, torch.nextafter(mid, torch.tensor(2.0)), torch.nextafter(mid, torch.tensor(-2.0)),
+                     torch.tensor([1.0, -1.0])])
+    row = torch.cat([row, row.new_zeros(-len(row) % 16 + 16)])  # whole rows of 16 plus a tail the scalar loop takes
+    x = torch.stack([row, -row])  # (2, size): absmax 1 on both rows, so u = x exactly under an fp32 scale
+    spec = f"nf{bits}:scale=fp32"
+    fast, ref = ppc.build(spec), ppc.build(spec + ":kernel=eager")
+    assert fast._fused_size(tuple(x.shape), x) == x.shape[1]
+    assert torch.equal(fast.compress(x, ppc.Context()).tensors[0], ref.compress(x, ppc.Context()).tensors[0])
