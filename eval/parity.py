@@ -45,7 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from eval.lm import PPCompressLM  # noqa: E402
-from eval.tasks import CHANCE, build, held_out_fraction, task_dir  # noqa: E402
+from eval.tasks import CHANCE, KINDS, build, held_out_fraction, task_dir  # noqa: E402
 from recipes import data  # noqa: E402
 
 HIGHER_IS_BETTER = {"acc": True, "acc_norm": True, "ll": True, "bits_per_byte": False}
@@ -149,6 +149,9 @@ def main() -> None:
     ap.add_argument("--corpus", default="shakespeare")
     ap.add_argument("--stages", type=int, default=4, help="where the boundaries are (as in training)")
     ap.add_argument("--limit", type=int, default=None, help="documents per task (default all)")
+    ap.add_argument("--task", action="append", choices=KINDS, default=None,
+                    help="repeatable: only these tasks (default all four), e.g. all documents of one task that a "
+                         "limited run left undecided")
     ap.add_argument("--margin-rel", type=float, default=0.01, help="bits/byte and perplexity margin, relative (0.01 = 1%%)")
     ap.add_argument("--margin-acc", type=float, default=0.01, help="accuracy margin, absolute (0.01 = 1 point)")
     ap.add_argument("--margin-ll", type=float, default=0.05, help="last-word perplexity margin, relative (0.05 = 5%%)")
@@ -167,7 +170,7 @@ def main() -> None:
     base_path, base_spec = parse(args.baseline, "none")
     frac = held_out_fraction(base_path)
     where = task_dir(frac)
-    tasks = build(args.corpus, where, frac=frac)
+    tasks = [t for t in build(args.corpus, where, frac=frac) if args.task is None or t.rsplit("_", 1)[-1] in args.task]
     base = evaluate(base_path, base_spec, tasks, where, args.stages, args.limit, cache)
     command = shlex.join(["python", "eval/parity.py", *sys.argv[1:]])
     report: dict[str, Any] = {"command": command, "baseline": {"checkpoint": str(base_path), "compress": base_spec},

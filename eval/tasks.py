@@ -91,6 +91,10 @@ def _swaps(line: str, rng: random.Random, k: int) -> list[str] | None:
     return out if len(set(out)) == k and line not in out else None
 
 
+KINDS = ("ppl", "nextline", "wordorder", "lastword")
+"""The four tasks of a corpus, named ppc_<corpus>_<kind>."""
+
+
 def build(corpus: str, out: Path, seed: int = 0, frac: float = DEFAULT) -> list[str]:
     """Write the four tasks' JSONL + YAML into `out`; returns the task names."""
     rng = random.Random(seed)
@@ -119,6 +123,7 @@ def build(corpus: str, out: Path, seed: int = 0, frac: float = DEFAULT) -> list[
                 wordorder.append({"context": "\n".join(lines[i - 2:i]) + "\n",
                                   "choices": variants[:label] + [lines[i]] + variants[label:], "label": label})
     rows = {"ppl": ppl, "nextline": nextline, "wordorder": wordorder, "lastword": lastword}
+    assert tuple(rows) == KINDS
     specs = {
         "ppl": {"output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
                 "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]},

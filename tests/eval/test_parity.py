@@ -56,6 +56,11 @@ def test_parity_command_passes_identical_and_fails_broken_settings(run_dir, tmp_
     broken = subprocess.run(cmd + ["--candidate", f"{out}@topk:0.002"], env=env, capture_output=True, text=True, timeout=600)
     rows = json.loads((tmp_path / "rep.json").read_text())["candidates"][0]["metrics"]
     assert broken.returncode == 1 and rows["ppc_fixture_ppl/bits_per_byte"]["verdict"] == "worse", broken.stdout[-3000:]
+    # --task: only the tasks named
+    one = subprocess.run(cmd + ["--candidate", f"{out}@identity", "--task", "lastword"], env=env, capture_output=True,
+                         text=True, timeout=600)
+    rows = json.loads((tmp_path / "rep.json").read_text())["candidates"][0]["metrics"]
+    assert one.returncode == 0 and sorted(rows) == ["ppc_fixture_lastword/acc", "ppc_fixture_lastword/ll"], one.stdout[-2000:]
 
 
 def test_lm_eval_cli_runs_the_local_tasks_with_our_model(run_dir, tmp_path):
