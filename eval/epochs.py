@@ -59,14 +59,22 @@ def rows(runs: dict[str, dict[str, Any]], names: dict[str, str], base_name: str,
     return out
 
 
+def run_bits(row: dict[str, Any]) -> float:
+    """Bits per element over the whole run, both directions averaged: one epoch at the first-visit bits, the rest at
+    the later ones (every epoch carries the same samples)."""
+    e = row["epochs"]
+    return sum((row[f"bits_{d}_first"] + (e - 1) * row[f"bits_{d}_later"]) / e for d in ("act", "grad")) / 2
+
+
 def table(rows: list[dict[str, Any]], base_name: str) -> list[str]:
     """The rows as a markdown table."""
-    out = ["| setting | --pp-compress | bits fwd / bwd, epoch 1 | bits fwd / bwd, epochs 2+ (avg) | best val loss | "
-           f"delta vs {base_name} | final val loss | final train loss | loss rule (best val) |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| setting | --pp-compress | bits fwd / bwd, epoch 1 | bits fwd / bwd, epochs 2+ (avg) | bits over the run, avg | "
+           f"best val loss | delta vs {base_name} | final val loss | final train loss | loss rule (best val) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         later = (r["bits_act_later"] + r["bits_grad_later"]) / 2
         delta = "" if r["delta"] is None else f"{r['delta']:+.3f}"
         out.append(f"| {r['name']} | `{r['spec']}` | {r['bits_act_first']:.2f} / {r['bits_grad_first']:.2f} | "
-                   f"{r['bits_act_later']:.2f} / {r['bits_grad_later']:.2f} ({later:.2f}) | {r['best_val_loss']:.3f} | "
+                   f"{r['bits_act_later']:.2f} / {r['bits_grad_later']:.2f} ({later:.2f}) | {run_bits(r):.2f} | {r['best_val_loss']:.3f} | "
                    f"{delta} | {r['final_val_loss']:.3f} | {r['final_train_loss']:.3f} | {r['loss_rule'] or ''} |")
     return out

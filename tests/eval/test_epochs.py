@@ -29,7 +29,9 @@ def test_first_epoch_raw_later_epochs_compressed() -> None:
     assert aq["epochs"] == 3 and aq["best_val_loss"] == 2.91 and aq["delta"] == pytest.approx(0.01)
     assert [rows[n]["loss_rule"] for n in rows] == ["baseline", "parity", "worse"]  # best val; 0.02-nat floor
     text = "\n".join(epochs.table(list(rows.values()), "base"))
-    assert "| aq | `act=int4+aqsgd` | 32.00 / 8.00 | 4.00 / 8.00 (6.00) | 2.910 | +0.010 | 3.010 | 2.000 | parity |" in text
+    # over the run: activations (32 + 2 x 4) / 3 epochs, gradients 8, averaged
+    assert epochs.run_bits(aq) == pytest.approx(((32 + 2 * 4) / 3 + 8) / 2)
+    assert "| aq | `act=int4+aqsgd` | 32.00 / 8.00 | 4.00 / 8.00 (6.00) | 10.67 | 2.910 | +0.010 | 3.010 | 2.000 | parity |" in text
 
 
 def test_no_baseline_no_verdict_and_argument_checks() -> None:
