@@ -205,10 +205,10 @@ template <> struct Lookup<float> {
 };
 
 #ifdef __AVX512F__
-// u = clamp(x / s, -1, 1) for 16 values, as nf_encode's scalar loop computes it (IEEE division, a max then a min that
-// take a NaN to -1)
-inline __m512 unit16(const float* at, __m512 vs) {
-  return _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(_mm512_loadu_ps(at), vs), _mm512_set1_ps(-1.f)), _mm512_set1_ps(1.f));
+// u = clamp(x * (1 / s), -1, 1) for 16 values, as nf_encode's scalar loop computes it (fp32 product with the fp32
+// reciprocal, a max then a min that take a NaN to -1)
+inline __m512 unit16(const float* at, __m512 vinv) {
+  return _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(at), vinv), _mm512_set1_ps(-1.f)), _mm512_set1_ps(1.f));
 }
 
 // The nearest-level codes of 16 values at a time for up to 64 levels: a branchless binary search over the midpoints
@@ -216,7 +216,7 @@ inline __m512 unit16(const float* at, __m512 vs) {
 // Before a step, c is a multiple of 2 * step, so the midpoint it compares with is entry c / (2 * step) of that
 // step's own table of candidates: at most 16 of them (one register, one permute), 32 for the last step of 64 levels.
 // Two vectors per iteration, so that their dependency chains overlap. Returns how many values it coded.
-template <int SB> int64_t nf_search_t(const float* row, int64_t size, __m512 vs, const float* padded, uint8_t* q) {
+template <int SB> int64_t nf_search_t(const float* row, int64_t size, __m512 vinv, const float* padded, uint8_t* q) {
   constexpr int first = 1 << (SB - 1);
   alignas(64) float cand[SB][32] = {};  // cand[j][k]: the midpoint compared at step 2**j when c = k * 2**(j + 1)
   for (int j = 0; j + 1 < SB; ++j)
@@ -225,7 +225,7 @@ template <int SB> int64_t nf_search_t(const float* row, int64_t size, __m512 vs,
   for (int j = 0; j < SB; ++j) tab[j] = _mm512_load_ps(cand[j]);
   const __m512 pivot = _mm512_set1_ps(padded[first - 1]);
   auto code = [&](const float* at) {
-    const __m512 u = unit16(at, vs);
+    const __m512 u = unit16(at, vinv);
     __m512i c = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(pivot, u, _CMP_LT_OQ), _mm512_set1_epi32(first));
     for (int j = SB - 2; j >= 0; --j) {
       const __m512i k = _mm512_srli_epi32(c, j + 1);
@@ -244,14 +244,14 @@ template <int SB> int64_t nf_search_t(const float* row, int64_t size, __m512 vs,
   return i;
 }
 
-inline int64_t nf_search(int sb, const float* row, int64_t size, __m512 vs, const float* padded, uint8_t* q) {
+inline int64_t nf_search(int sb, const float* row, int64_t size, __m512 vinv, const float* padded, uint8_t* q) {
   switch (sb) {
-    case 1: return nf_search_t<1>(row, size, vs, padded, q);
-    case 2: return nf_search_t<2>(row, size, vs, padded, q);
-    case 3: return nf_search_t<3>(row, size, vs, padded, q);
-    case 4: return nf_search_t<4>(row, size, vs, padded, q);
-    case 5: return nf_search_t<5>(row, size, vs, padded, q);
-    default: return nf_search_t<6>(row, size, vs, padded, q);
+    case 1: return nf_search_t<1>(row, size, vinv, padded, q);
+    case 2: return nf_search_t<2>(row, size, vinv, padded, q);
+    case 3: return nf_search_t<3>(row, size, vinv, padded, q);
+    case 4: return nf_search_t<4>(row, size, vinv, padded, q);
+    case 5: return nf_search_t<5>(row, size, vinv, padded, q);
+    default: return nf_search_t<6>(row, size, vinv, padded, q);
   }
 }
 #endif
@@ -389,17 +389,17 @@ std::vector<torch::Tensor> nf_encode(torch::Tensor x, torch::Tensor mid, int64_t
         const float* row = load_absmax(xp + g * size, size, buf.data(), &amax);
         const float s = round_scale(amax, static_cast<int>(sdt));
         sc[g] = s;
-        const float safe = s > 0.f ? s : 1.f;
+        const float inv = 1.f / (s > 0.f ? s : 1.f);
         // the code is the number of midpoints < u (torch.bucketize, right=False), counted up from start[bin]
         int64_t i = 0;
 #ifdef __AVX512F__
-        const __m512 vs = _mm512_set1_ps(safe), one = _mm512_set1_ps(1.f);
-        if (search_bits) i = nf_search(search_bits, row, size, vs, padded, q.data());
+        const __m512 vinv = _mm512_set1_ps(inv), one = _mm512_set1_ps(1.f);
+        if (search_bits) i = nf_search(search_bits, row, size, vinv, padded, q.data());
         // beyond 64 levels, the two table lookups as gathers (the compiler does not emit them for this loop)
         const __m512 half_bins = _mm512_set1_ps(static_cast<float>(kBins / 2));
         const __m512i top_bin = _mm512_set1_epi32(kBins - 1), zero = _mm512_setzero_si512(), inc = _mm512_set1_epi32(1);
         for (; i + 16 <= size; i += 16) {
-          const __m512 u = unit16(row + i, vs);
+          const __m512 u = unit16(row + i, vinv);
           __m512i bin = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_add_ps(u, one), half_bins));
           bin = _mm512_min_epi32(_mm512_max_epi32(bin, zero), top_bin);
           __m512i a = _mm512_i32gather_epi32(bin, start.data(), 4);
@@ -409,7 +409,7 @@ std::vector<torch::Tensor> nf_encode(torch::Tensor x, torch::Tensor mid, int64_t
         }
 #endif
         for (; i < size; ++i) {
-          const float u = std::min(1.f, std::max(-1.f, row[i] / safe));
+          const float u = std::min(1.f, std::max(-1.f, row[i] * inv));
           const int32_t bin = std::min<int32_t>(kBins - 1, std::max<int32_t>(0, static_cast<int32_t>((u + 1.f) * (kBins / 2))));
           const int32_t a = start[bin];
           q[i] = static_cast<uint8_t>(a + (mm[a] < u ? 1 : 0));
