@@ -153,8 +153,9 @@ def frontier_block(rows: list[dict]) -> list[str]:
     return [*frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows))]
 
 
-USER_SETTINGS = ("int8", "safe", "aggressive", "topk:0.1")
-"""The settings the README's "Which setting" table shows: the presets, int8, and the paper's TopK 10%."""
+USER_SETTINGS = ("int8", "int8:rot", "safe", "aggressive", "topk:0.1")
+"""The settings the README's "Which setting" table shows: the presets, int8 (plain and rotated, the conservative
+choice on LLaMA-family models), and the paper's TopK 10%."""
 
 
 def presets_block(rows: list[dict]) -> list[str]:
@@ -163,7 +164,8 @@ def presets_block(rows: list[dict]) -> list[str]:
            "final loss vs uncompressed (tolerance) | parity: loss / lm-eval |", "|---|---|---|---|---|---|---|"]
     for name in USER_SETTINGS:
         spec = str(ppc.parse_spec(name))
-        for r in (r for r in rows if str(ppc.parse_spec(r["spec"])) == spec and not r["options"] and r["seed"] == 0):
+        same = [r for r in rows if str(ppc.parse_spec(r["spec"])) == spec and not r["options"] and r["seed"] == 0]
+        for r in sorted(same, key=lambda r: r.get("model", "small GPT") != "small GPT"):  # the small GPT's row first
             lm = r["parity"]["lm_eval"] or "not run"
             out.append(f"| `{name}` | `{PRESETS.get(name, name)}` | {r['bits_fwd']:.2f} / {r['bits_bwd']:.2f} "
                        f"({r['bits_avg']:.2f}) | {32 / r['bits_avg']:.1f}x / {16 / r['bits_avg']:.1f}x | "
