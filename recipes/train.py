@@ -132,29 +132,43 @@ def check_args(args: argparse.Namespace) -> None:
         if old:
             exit_once(f"{out} holds an earlier run ({', '.join(old)}): pass --resume to continue it, --overwrite to "
                       "discard it, or another --out")
-    advice = measured_advice(cfg)
+    advice = measured_advice(cfg, frontier_model(args))
     if advice and launch_rank() == 0:
         print(f"pp_compress: {advice}", file=sys.stderr)
 
 
-def measured_advice(cfg: Any, frontier: Path = ROOT / "eval" / "results" / "frontier.json") -> str | None:
-    """What the committed frontier measured for this exact setting, when it was worse than uncompressed, with the
-    preset to use instead; None when it was not measured or was at parity."""
+def frontier_model(args: argparse.Namespace) -> str | None:
+    """The frontier testbed a recipe run trains (eval/frontier.py's model field): pretraining's small GPT, or
+    finetuning SmolLM2-135M (the default checkpoint); None for a model the frontier has not measured."""
+    if getattr(args, "model", None) == "small":
+        return "small GPT"
+    ckpt = getattr(args, "checkpoint", None)
+    if hasattr(args, "checkpoint") and (ckpt is None or Path(ckpt).name.startswith("SmolLM2-135M")):
+        return "SmolLM2-135M"
+    return None
+
+
+def measured_advice(cfg: Any, model: str | None = "small GPT",
+                    frontier: Path = ROOT / "eval" / "results" / "frontier.json") -> str | None:
+    """What the committed frontier measured for this exact setting on this model, when it was worse than
+    uncompressed, with the preset to use instead; None when it was not measured there or was at parity."""
     from pp_compress import parse_spec
     from pp_compress.presets import PRESETS
 
-    if not frontier.exists():
+    if model is None or not frontier.exists():
         return None
-    rows = json.loads(frontier.read_text())
+    rows = [r for r in json.loads(frontier.read_text()) if r.get("model", "small GPT") == model]
     same = [r for r in rows if str(parse_spec(r["spec"])) == str(cfg)]
     bad = [r for r in same if r["parity"]["loss_rule"] == "worse"]
     if not bad:
         return None
     r = bad[0]
-    safe = next((s for s in rows if str(parse_spec(s["spec"])) == str(parse_spec("safe"))), None)
+    safe = next((s for s in rows if str(parse_spec(s["spec"])) == str(parse_spec("safe"))
+                 and s["parity"]["loss_rule"] == "parity"), None)
     instead = (f"'safe' ({PRESETS['safe']}) is at parity there with {safe['bits_avg']:.1f} bits per element "
                f"({32 / safe['bits_avg']:.1f}x fewer bytes than fp32, delta {safe['delta']:+.3f})" if safe
-               else f"'safe' ({PRESETS['safe']}) is the preset at parity")
+               else f"no preset is at parity on {model} yet (README, 'Which setting'; rotated int8, int8:rot, is the "
+                    "conservative choice there)")
     return (f"{cfg} was measured worse than uncompressed in the committed frontier ({frontier.relative_to(ROOT)}, "
             f"{r.get('model', 'small GPT')}): {r['bits_avg']:.1f} bits per element, final validation loss "
             f"{r['delta']:+.3f} against a tolerance of {r['tolerance']:.3f}, never reaching the baseline's loss. {instead}.")

@@ -1,7 +1,9 @@
+import argparse
 import csv
 import json
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,3 +65,11 @@ def test_a_setting_the_frontier_measured_worse_gets_advice_naming_safe():
     assert "eval/results/frontier.json" in advice
     assert train.measured_advice(parse_spec("safe")) is None  # at parity
     assert train.measured_advice(parse_spec("int8:per=block32")) is None  # never measured
+    # per model: safe is at parity on the small GPT, worse on SmolLM2, and nothing is known of other models
+    advice = train.measured_advice(parse_spec("safe"), "SmolLM2-135M")
+    assert advice is not None and "SmolLM2-135M" in advice and "no preset is at parity on SmolLM2-135M yet" in advice
+    assert train.measured_advice(parse_spec("topk:0.1"), None) is None
+    ns = argparse.Namespace
+    assert train.frontier_model(ns(model="small")) == "small GPT" and train.frontier_model(ns(model="tiny")) is None
+    assert train.frontier_model(ns(checkpoint=None)) == "SmolLM2-135M"  # finetuning's default checkpoint
+    assert train.frontier_model(ns(checkpoint=Path("runs/x"))) is None
