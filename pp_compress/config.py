@@ -147,10 +147,8 @@ class CompressorSpec:
 
     def build(self, nonfinite: str = "raise") -> Compressor:
         comp = _chain(self.ops)
-        if self.first:
-            comp = WRAPPERS["aqsgd"](comp, first=_chain(self.first))
-        elif self.feedback:
-            comp = WRAPPERS[self.feedback](comp)
+        if self.feedback:  # `first` only ever comes with aqsgd (__post_init__)
+            comp = WRAPPERS[self.feedback](comp, **({"first": _chain(self.first)} if self.first else {}))
         for part in _walk(comp):
             part.nonfinite = nonfinite
         return comp

@@ -212,18 +212,32 @@ inline __m512 unit16(const float* at, __m512 vinv) {
 }
 
 // The nearest-level codes of 16 values at a time for up to 64 levels: a branchless binary search over the midpoints
-// (`padded`, +inf beyond the last). The count c of midpoints < u grows by `step` where midpoint c + step - 1 is < u.
-// Before a step, c is a multiple of 2 * step, so the midpoint it compares with is entry c / (2 * step) of that
-// step's own table of candidates: at most 16 of them (one register, one permute), 32 for the last step of 64 levels.
+// (+inf beyond the last). The count c of midpoints < u grows by `step` where midpoint c + step - 1 is < u. Before a
+// step, c is a multiple of 2 * step, so the midpoint it compares with is entry c / (2 * step) of that step's own
+// table of candidates: at most 16 of them (one register, one permute), 32 for the last step of 64 levels.
+struct SearchTables {
+  int bits = 0;  // search steps: ceil(log2(midpoints + 1)), 0 when there are more than 63 midpoints
+  float pivot = 0.f;  // the first step's midpoint
+  alignas(64) float cand[6][32] = {};  // cand[j][k]: the midpoint compared at step 2**j when c = k * 2**(j + 1)
+};
+
+// Built once per call from the midpoints, padded with +inf to 64
+inline SearchTables search_tables(const float* padded, int64_t nmid) {
+  SearchTables t;
+  t.bits = nmid < 64 ? std::max(1, static_cast<int>(std::ceil(std::log2(nmid + 1.0)))) : 0;
+  if (!t.bits) return t;
+  t.pivot = padded[(1 << (t.bits - 1)) - 1];
+  for (int j = 0; j + 1 < t.bits; ++j)
+    for (int k = 0; k < (1 << (t.bits - 1 - j)); ++k) t.cand[j][k] = padded[(k << (j + 1)) + (1 << j) - 1];
+  return t;
+}
+
 // Two vectors per iteration, so that their dependency chains overlap. Returns how many values it coded.
-template <int SB> int64_t nf_search_t(const float* row, int64_t size, __m512 vinv, const float* padded, uint8_t* q) {
+template <int SB> int64_t nf_search_t(const float* row, int64_t size, __m512 vinv, const SearchTables& st, uint8_t* q) {
   constexpr int first = 1 << (SB - 1);
-  alignas(64) float cand[SB][32] = {};  // cand[j][k]: the midpoint compared at step 2**j when c = k * 2**(j + 1)
-  for (int j = 0; j + 1 < SB; ++j)
-    for (int k = 0; k < (1 << (SB - 1 - j)); ++k) cand[j][k] = padded[(k << (j + 1)) + (1 << j) - 1];
-  __m512 tab[SB], last_hi = _mm512_load_ps(cand[0] + 16);
-  for (int j = 0; j < SB; ++j) tab[j] = _mm512_load_ps(cand[j]);
-  const __m512 pivot = _mm512_set1_ps(padded[first - 1]);
+  __m512 tab[SB], last_hi = _mm512_load_ps(st.cand[0] + 16);
+  for (int j = 0; j < SB; ++j) tab[j] = _mm512_load_ps(st.cand[j]);
+  const __m512 pivot = _mm512_set1_ps(st.pivot);
   auto code = [&](const float* at) {
     const __m512 u = unit16(at, vinv);
     __m512i c = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(pivot, u, _CMP_LT_OQ), _mm512_set1_epi32(first));
@@ -244,14 +258,14 @@ template <int SB> int64_t nf_search_t(const float* row, int64_t size, __m512 vin
   return i;
 }
 
-inline int64_t nf_search(int sb, const float* row, int64_t size, __m512 vinv, const float* padded, uint8_t* q) {
-  switch (sb) {
-    case 1: return nf_search_t<1>(row, size, vinv, padded, q);
-    case 2: return nf_search_t<2>(row, size, vinv, padded, q);
-    case 3: return nf_search_t<3>(row, size, vinv, padded, q);
-    case 4: return nf_search_t<4>(row, size, vinv, padded, q);
-    case 5: return nf_search_t<5>(row, size, vinv, padded, q);
-    default: return nf_search_t<6>(row, size, vinv, padded, q);
+inline int64_t nf_search(const float* row, int64_t size, __m512 vinv, const SearchTables& st, uint8_t* q) {
+  switch (st.bits) {
+    case 1: return nf_search_t<1>(row, size, vinv, st, q);
+    case 2: return nf_search_t<2>(row, size, vinv, st, q);
+    case 3: return nf_search_t<3>(row, size, vinv, st, q);
+    case 4: return nf_search_t<4>(row, size, vinv, st, q);
+    case 5: return nf_search_t<5>(row, size, vinv, st, q);
+    default: return nf_search_t<6>(row, size, vinv, st, q);
   }
 }
 #endif
@@ -374,10 +388,10 @@ std::vector<torch::Tensor> nf_encode(torch::Tensor x, torch::Tensor mid, int64_t
     TORCH_CHECK(m[a] - m[a - 1] > 2.0 * 2.0 / kBins, "nf_encode: levels closer than 2 of ", kBins,
                 " bins over [-1, 1] (midpoints ", m[a - 1], " and ", m[a], "); the eager reference handles them");
 #ifdef __AVX512F__
-  // up to 64 levels: the midpoints (padded with +inf to 2**search_bits) fit four vector registers; beyond, gathers
-  const int search_bits = nmid < 64 ? std::max(1, static_cast<int>(std::ceil(std::log2(nmid + 1.0)))) : 0;
-  alignas(64) float padded[64];
+  // up to 64 levels: a binary search over the midpoints in registers; beyond, gathers
+  float padded[64];
   for (int a = 0; a < 64; ++a) padded[a] = a < nmid ? m[a] : INFINITY;
+  const SearchTables search = search_tables(padded, nmid);
 #endif
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "nf_encode", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
@@ -390,11 +404,12 @@ std::vector<torch::Tensor> nf_encode(torch::Tensor x, torch::Tensor mid, int64_t
         const float s = round_scale(amax, static_cast<int>(sdt));
         sc[g] = s;
         const float inv = 1.f / (s > 0.f ? s : 1.f);
-        // the code is the number of midpoints < u (torch.bucketize, right=False), counted up from start[bin]
+        // the code is the number of midpoints < u (torch.bucketize, right=False): found by the search, else (the
+        // scalar tail, more than 64 levels) counted up from start[bin]
         int64_t i = 0;
 #ifdef __AVX512F__
         const __m512 vinv = _mm512_set1_ps(inv), one = _mm512_set1_ps(1.f);
-        if (search_bits) i = nf_search(search_bits, row, size, vinv, padded, q.data());
+        if (search.bits) i = nf_search(row, size, vinv, search, q.data());
         // beyond 64 levels, the two table lookups as gathers (the compiler does not emit them for this loop)
         const __m512 half_bins = _mm512_set1_ps(static_cast<float>(kBins / 2));
         const __m512i top_bin = _mm512_set1_epi32(kBins - 1), zero = _mm512_setzero_si512(), inc = _mm512_set1_epi32(1);
