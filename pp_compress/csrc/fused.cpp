@@ -15,7 +15,29 @@
 
 namespace {
 
-template <typename T> inline float to_f(T v) { return static_cast<float>(v); }
+// Rows between a tensor's dtype and fp32. bf16 both ways as integer operations the compiler vectorizes (c10's scalar
+// conversion it does not): in, a shift; out, c10's round to nearest even with its one NaN (0x7FC0), bitwise.
+template <typename T> inline void to_float_row(const T* in, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]);
+}
+template <> inline void to_float_row<c10::BFloat16>(const c10::BFloat16* in, int64_t n, float* out) {
+  const uint16_t* p = reinterpret_cast<const uint16_t*>(in);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = static_cast<uint32_t>(p[i]) << 16;
+    std::memcpy(out + i, &u, 4);
+  }
+}
+template <typename T> inline void from_float_row(const float* in, int64_t n, T* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(in[i]);
+}
+template <> inline void from_float_row<c10::BFloat16>(const float* in, int64_t n, c10::BFloat16* out) {
+  uint16_t* p = reinterpret_cast<uint16_t*>(out);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, in + i, 4);
+    p[i] = (u & 0x7fffffffu) > 0x7f800000u ? uint16_t{0x7FC0} : static_cast<uint16_t>((u + ((u >> 16) & 1u) + 0x7FFFu) >> 16);
+  }
+}
 
 // round_scale: s * (1 + bump) rounded to nearest in the scale dtype (0 = fp32, 1 = bf16, 2 = fp16), as fp32 value
 inline float round_scale(float s, int sdt) {
@@ -142,7 +164,7 @@ template <typename scalar_t> inline const float* load_absmax(const scalar_t* r, 
   if constexpr (std::is_same_v<scalar_t, float>) {
     row = r;
   } else {
-    for (int64_t i = 0; i < size; ++i) buf[i] = to_f(r[i]);
+    to_float_row(r, size, buf);
   }
   uint32_t top = 0;
   for (int64_t i = 0; i < size; ++i) {
@@ -341,13 +363,19 @@ torch::Tensor sym_decode(torch::Tensor codes, torch::Tensor scales, int64_t bits
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, groups, rows_per_task(size), [&](int64_t lo, int64_t hi) {
       std::vector<uint8_t> q(bits == 8 ? 0 : size);
+      std::vector<float> buf(bits == 8 && !std::is_same_v<scalar_t, float> ? size : 0);
       float tab[128];
       for (int64_t g = lo; g < hi; ++g) {
         const float s = sc[g];
         scalar_t* o = op + g * size;
         if (bits == 8) {
           const int8_t* c = reinterpret_cast<const int8_t*>(in + g * size);
-          for (int64_t i = 0; i < size; ++i) o[i] = static_cast<scalar_t>(static_cast<float>(c[i]) * s);
+          if constexpr (std::is_same_v<scalar_t, float>) {
+            for (int64_t i = 0; i < size; ++i) o[i] = static_cast<float>(c[i]) * s;
+          } else {
+            for (int64_t i = 0; i < size; ++i) buf[i] = static_cast<float>(c[i]) * s;
+            from_float_row(buf.data(), size, o);
+          }
         } else {
           unpack_row(in + g * size * bits / 8, size, bits, q.data());
           const float off = static_cast<float>(top);
@@ -462,9 +490,112 @@ torch::Tensor nf_decode(torch::Tensor codes, torch::Tensor scales, torch::Tensor
   return out;
 }
 
+// The orthonormal Walsh-Hadamard transform of every block of n values of x's rows (ops/hadamard.py's reference,
+// bitwise): the input in fp32 times the signs d (unless `after`), log2(n) unnormalized butterfly levels from the
+// lowest bit of the position up, one product with fp32 1/sqrt(n), the signs (with `after`), the output dtype. Each
+// block is worked in a buffer that stays in L1, so the tensor is read once and written once.
+namespace {
+#ifdef __AVX512F__
+// The four levels inside a vector: each lane adds its partner (lane xor l) or, holding the b of a pair (a, b),
+// subtracts itself from it
+inline __m512 levels_in_vector(__m512 v) {
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int l = 1; l < 16; l <<= 1) {
+    const __m512 s = _mm512_permutexvar_ps(_mm512_xor_si512(lane, _mm512_set1_epi32(l)), v);  // the partner's value
+    const __mmask16 upper = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(l));
+    v = _mm512_mask_sub_ps(_mm512_add_ps(v, s), upper, s, v);  // a + b below, a - b above
+  }
+  return v;
+}
+
+// A whole block of N <= 256 values in N / 16 registers: every level without touching memory
+template <int N> inline void butterflies_regs(float* y) {
+  constexpr int V = N / 16;
+  __m512 v[V];
+  for (int k = 0; k < V; ++k) v[k] = levels_in_vector(_mm512_loadu_ps(y + 16 * k));
+  for (int h = 1; h < V; h <<= 1)
+    for (int i = 0; i < V; i += 2 * h)
+      for (int j = i; j < i + h; ++j) {
+        const __m512 a = v[j], b = v[j + h];
+        v[j] = _mm512_add_ps(a, b);
+        v[j + h] = _mm512_sub_ps(a, b);
+      }
+  for (int k = 0; k < V; ++k) _mm512_storeu_ps(y + 16 * k, v[k]);
+}
+#endif
+
+inline void butterflies(float* y, int64_t n) {
+  int64_t h = 1;
+#ifdef __AVX512F__
+  switch (n) {
+    case 16: return butterflies_regs<16>(y);
+    case 32: return butterflies_regs<32>(y);
+    case 64: return butterflies_regs<64>(y);
+    case 128: return butterflies_regs<128>(y);
+    case 256: return butterflies_regs<256>(y);
+    default: break;
+  }
+  if (n >= 16) {
+    for (int64_t k = 0; k < n; k += 16) _mm512_storeu_ps(y + k, levels_in_vector(_mm512_loadu_ps(y + k)));
+    h = 16;
+  }
+#endif
+  for (; h < n; h <<= 1)
+    for (int64_t i = 0; i < n; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = y[j], b = y[j + h];
+        y[j] = a + b;
+        y[j + h] = a - b;
+      }
+}
+}  // namespace
+
+torch::Tensor fwht(torch::Tensor x, c10::optional<torch::Tensor> signs, int64_t n, bool after, torch::Tensor like) {
+  TORCH_CHECK(x.is_contiguous() && x.device().is_cpu() && x.numel() % n == 0 && n >= 2 && !(n & (n - 1)),
+              "fwht: a contiguous CPU tensor in blocks of a power of two n >= 2");
+  const int64_t blocks = x.numel() / n;
+  const float* d = nullptr;
+  int64_t period = 1;  // blocks per row: the signs repeat every row
+  if (signs) {
+    TORCH_CHECK(signs->is_contiguous() && signs->scalar_type() == at::kFloat && signs->numel() % n == 0 &&
+                x.size(-1) == signs->numel(), "fwht: fp32 signs, one per position of the last dim");
+    d = signs->data_ptr<float>();
+    period = signs->numel() / n;
+  }
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+  auto out = torch::empty(x.sizes(), like.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fwht_in", [&] {
+    using in_t = scalar_t;
+    const in_t* xp = x.data_ptr<in_t>();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, like.scalar_type(), "fwht_out", [&] {
+      scalar_t* op = out.data_ptr<scalar_t>();
+      at::parallel_for(0, blocks, rows_per_task(n), [&](int64_t lo, int64_t hi) {
+        std::vector<float> buf(n);
+        float* y = buf.data();
+        for (int64_t b = lo; b < hi; ++b) {
+          const in_t* xb = xp + b * n;
+          const float* db = d ? d + (b % period) * n : nullptr;
+          to_float_row(xb, n, y);
+          if (db && !after)
+            for (int64_t i = 0; i < n; ++i) y[i] *= db[i];
+          butterflies(y, n);
+          if (db && after) {
+            for (int64_t i = 0; i < n; ++i) y[i] = y[i] * scale * db[i];
+          } else {
+            for (int64_t i = 0; i < n; ++i) y[i] *= scale;
+          }
+          from_float_row(y, n, op + b * n);
+        }
+      });
+    });
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sym_encode", &sym_encode, "symmetric int<b> per group, round to nearest or stochastically");
   m.def("sym_decode", &sym_decode, "inverse of sym_encode");
   m.def("nf_encode", &nf_encode, "nearest normal-float level per group");
   m.def("nf_decode", &nf_decode, "inverse of nf_encode");
+  m.def("fwht", &fwht, "orthonormal Walsh-Hadamard transform of blocks of n, with random signs before or after");
 }

@@ -9,18 +9,20 @@ Why: an outlier channel holds most of a row's absmax, so a low-bit grid scaled t
 a few levels. After the rotation each block's energy is spread over all n outputs, so the absmax falls towards
 the block's RMS and the grid fits the bulk of the values.
 
-The transform is a butterfly: H_n = H_(n/r) (x) H_r. The lowest r = min(n, 64) positions of each block go through
-one small dense matmul (a radix-r stage: fast GEMM work), then each higher bit of the position index takes one
-add/subtract butterfly level: O(n (r + log2(n / r))) work, never a dense n x n product for large blocks. On CPU it
-runs over chunks of rows that stay in cache (as the int8 kernels do); on CUDA in one shot. Plain torch ops.
+The transform is a butterfly: log2(n) add/subtract levels over the position's bits, lowest first, unnormalized,
+then one product with fp32 1/sqrt(n): O(n log n) elementwise work with no matmul, so its rounding is the same on
+every device and backend (no TF32, no GEMM reduction order). The fused CPU kernel (csrc/fused.cpp: `fwht`) does
+the same operations in the same order on a block held in L1, so its outputs are bitwise these; this eager path is
+its reference, and runs on CPU over chunks of rows that stay in cache, on CUDA in one shot.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 from torch import Tensor
+
+from . import fused as kernels
 
 MAX_AUTO_BLOCK = 256
 """`rot` (auto) uses the largest power of two up to this that divides the last dim."""
@@ -47,42 +49,35 @@ def _fitting(last: int) -> str:
     return ", ".join(str(1 << i) for i in range(1, int(math.log2(max(last, 1))) + 1) if last % (1 << i) == 0)
 
 
-_RADIX = 64
 _CHUNK = 1 << 17  # elements per CPU chunk: 512 KiB of fp32 per temporary, reused from cache
 
 
-@functools.lru_cache(maxsize=64)
-def _hadamard(r: int, device: torch.device) -> Tensor:
-    """Orthonormal Sylvester Hadamard matrix H_r / sqrt(r), fp32 (symmetric, its own inverse)."""
-    h = torch.ones(1, 1)
-    while h.shape[0] < r:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return (h / math.sqrt(r)).to(device)
-
-
 def _fwht_rows(y: Tensor, n: int, d: Tensor | None, after: bool) -> Tensor:
-    """H_n D y (or D H_n y with `after`) for rows y (rows, n) whose sign pattern repeats every d.shape[0] rows
-    (d: (period, n) or None)."""
+    """H_n D y (or D H_n y with `after`) for fp32 rows y (rows, n) whose sign pattern repeats every d.shape[0] rows
+    (d: (period, n) or None). Returns a new tensor."""
     if d is not None and not after:
-        y = (y.view(-1, d.shape[0], n) * d).view(-1, n)  # (rows, n), a new tensor
-    r = min(n, _RADIX)
-    y = torch.mm(y.reshape(-1, r), _hadamard(r, y.device)).view(-1, n)  # radix-r stage on the lowest digit
-    h, half = r, math.sqrt(0.5)
-    while h < n:  # one butterfly level per higher bit of the index
-        v = y.view(-1, 2, h)  # (blocks, 2, h)
+        y = y.view(-1, d.shape[0], n) * d  # (rows / period, period, n), a new tensor
+    h = 1
+    while h < n:  # one butterfly level per bit of the index, lowest first
+        v = y.reshape(-1, 2, h)  # (pairs of half-blocks, 2, h)
         a, b = v[:, 0], v[:, 1]
-        y = torch.stack([a + b, a - b], 1).mul_(half).view(-1, n)
+        y = torch.stack([a + b, a - b], 1)  # (pairs, 2, h)
         h *= 2
+    y = y.reshape(-1, n).mul_(1 / math.sqrt(n))  # (rows, n); the scalar is rounded to fp32 once, as the kernel's
     if d is not None and after:
         y = y.view(-1, d.shape[0], n).mul_(d).view(-1, n)
     return y
 
 
-def fwht(x: Tensor, n: int, d: Tensor | None = None, after: bool = False, dtype: torch.dtype = torch.float32) -> Tensor:
+def fwht(x: Tensor, n: int, d: Tensor | None = None, after: bool = False, dtype: torch.dtype = torch.float32,
+         fused: bool = True) -> Tensor:
     """Orthonormal Walsh-Hadamard transform of every block of n along the last dim of `x`, computed in fp32, with the
     last dim multiplied by `d` (signs of shape (last,), or None) before the transform, or after it with `after`.
-    Returns a new tensor of x's shape in `dtype`; on CPU each chunk is cast and written once."""
+    Returns a new tensor of x's shape in `dtype`. On CPU the fused kernel runs where it is built (`fused`), else
+    each chunk is cast and written once; both give the same bits."""
     last = x.shape[-1]
+    if fused and x.device.type == "cpu" and kernels.usable(x, n):
+        return kernels.kernels().fwht(x.contiguous(), d, n, after, x.new_empty((0,), dtype=dtype))
     y = x.reshape(-1, n)  # (blocks, n)
     dv = d.view(last // n, n) if d is not None else None  # (blocks per row, n)
     period = last // n
@@ -100,12 +95,12 @@ def signs(last: int, gen: torch.Generator, device: torch.device) -> Tensor:
     return torch.randint(0, 2, (last,), generator=gen, device=device).mul_(2).sub_(1).float()  # (last,)
 
 
-def rotate(x: Tensor, n: int, gen: torch.Generator) -> Tensor:
-    """H_n D x over blocks of n of the last dim, in fp32 (never modifies x)."""
-    return fwht(x, n, signs(x.shape[-1], gen, x.device))  # x.shape, fp32
+def rotate(x: Tensor, n: int, gen: torch.Generator, fused: bool = True) -> Tensor:
+    """H_n D x over blocks of n of the last dim, in fp32 (never modifies x); `fused`: the CPU kernel where built."""
+    return fwht(x, n, signs(x.shape[-1], gen, x.device), fused=fused)  # x.shape, fp32
 
 
-def unrotate(y: Tensor, n: int, gen: torch.Generator, dtype: torch.dtype = torch.float32) -> Tensor:
+def unrotate(y: Tensor, n: int, gen: torch.Generator, dtype: torch.dtype = torch.float32, fused: bool = True) -> Tensor:
     """Inverse of `rotate` with a generator in the same state: D H_n y, in `dtype` (H_n is symmetric and
     orthonormal: its own inverse)."""
-    return fwht(y, n, signs(y.shape[-1], gen, y.device), after=True, dtype=dtype)  # y.shape
+    return fwht(y, n, signs(y.shape[-1], gen, y.device), after=True, dtype=dtype, fused=fused)  # y.shape

@@ -61,8 +61,8 @@ class IntQuantConfig(OpConfig):
     up to 256 that divides the last dim); or a block size, a power of two >= 2 that must divide the last dim."""
     kernel: str = "fused"
     """fused: the one-pass CPU kernel (ops/fused.py) where this configuration has one: symmetric, nearest or
-    stochastic (the same draws), per row or per block of a multiple of 8 values that tile the tensor; the codes are
-    bitwise the reference's.
+    stochastic (the same draws), per row or per block of a multiple of 8 values that tile the tensor, and the
+    Hadamard rotation (blocks of a multiple of 8); the codes are bitwise the reference's.
     eager: always the reference tensor code."""
     compile: bool = False
     """Run the symmetric round-to-nearest kernels through torch.compile (fused passes: ~3x faster int8
@@ -123,7 +123,8 @@ class IntQuant(Compressor):
     def _encode(self, x: Tensor, ctx: Context) -> Payload:
         n = self.config.rot_block(tuple(x.shape), ctx.name)
         if n:
-            y = hadamard.rotate(x, n, ctx.generator(x.device, "rot"))  # x.shape, fp32, a fresh tensor
+            fused = self.config.kernel == "fused"
+            y = hadamard.rotate(x, n, ctx.generator(x.device, "rot"), fused)  # x.shape, fp32, a fresh tensor
             p = Payload(self._quantize(y, ctx).tensors, x.shape, x.dtype)
         else:
             p = self._quantize(x, ctx)
@@ -139,7 +140,7 @@ class IntQuant(Compressor):
         if not n:
             return self._dequantize(payload)
         y = self._dequantize(Payload(payload.tensors, payload.shape, torch.float32))  # rotated values, fp32
-        return hadamard.unrotate(y, n, ctx.generator(y.device, "rot"), payload.dtype)
+        return hadamard.unrotate(y, n, ctx.generator(y.device, "rot"), payload.dtype, self.config.kernel == "fused")
 
     def _fused_size(self, shape: tuple[int, ...], like: Tensor) -> int:
         """The group size when the fused kernel takes this tensor (0 when the reference runs)."""

@@ -69,7 +69,7 @@ class TileQuantConfig(OpConfig):
     scale: str = "bf16"
     """Dtype of the per-tile scales (and zero points) on the wire: bf16, fp16 or fp32."""
     kernel: str = "fused"
-    """The tiles' quantizer: fused (its one-pass CPU kernel where it applies; the same codes) or eager."""
+    """The tiles' quantizer and rotation: fused (their CPU kernels where they apply; the same codes) or eager."""
 
     def __post_init__(self) -> None:
         for name in ("lo", "hi"):
@@ -131,7 +131,7 @@ class TileQuant(Compressor):
         vals = x.reshape(rows, d).gather(1, pos)  # (rows, k), exact, in x.dtype
         flat.scatter_(1, pos, 0.0)
         if c.rot:
-            flat = hadamard.rotate(flat, c.size, ctx.generator(x.device, "tile-rot"))  # (rows, d padded)
+            flat = hadamard.rotate(flat, c.size, ctx.generator(x.device, "tile-rot"), c.kernel == "fused")  # (rows, d padded)
         t = flat.reshape(tiles, c.size)  # (tiles, size)
         spread = t.amax(dim=1) - t.amin(dim=1) if c.asym else 2 * t.abs().amax(dim=1)  # (tiles,)
         high = torch.zeros(tiles, dtype=torch.bool, device=x.device)  # (tiles,)
@@ -158,7 +158,7 @@ class TileQuant(Compressor):
             t[mask] = part.decode(Payload(tuple(rest[j * n:(j + 1) * n]), size, torch.float32), ctx)
         flat = t.reshape(rows, -1)  # (rows, d padded)
         if c.rot:
-            flat = hadamard.unrotate(flat, c.size, ctx.generator(device, "tile-rot"))  # (rows, d padded), fp32
+            flat = hadamard.unrotate(flat, c.size, ctx.generator(device, "tile-rot"), fused=c.kernel == "fused")  # (rows, d padded), fp32
         flat = flat[:, :d].contiguous()  # (rows, d)
         vals, pos = rest[2 * n], rest[2 * n + 1]
         flat.scatter_(1, pos.long().reshape(rows, k), vals.float().reshape(rows, k))

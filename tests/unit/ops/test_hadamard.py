@@ -46,3 +46,19 @@ def test_block_choice_and_errors():
         hadamard.check_block(128, (2, 192), "b0.act")
     with pytest.raises(ValueError, match="odd last dim"):
         hadamard.check_block(1, (3, 5), "b0.act")
+
+
+@pytest.mark.parametrize("n", [8, 16, 32, 64, 128, 256, 512, 1024])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_the_fused_kernel_is_bitwise_the_eager_butterfly(n, dtype):
+    # in registers up to 256, in an L1 buffer beyond; signs before (rotate) or after (unrotate); fp32 or x's dtype out
+    for last in (n, 3 * n):
+        x = (torch.randn(37, last, generator=torch.Generator().manual_seed(n)) * 3).to(dtype)
+        x[0, 1] = 1e30 if dtype != torch.float16 else 6e4
+        d = hadamard.signs(last, torch.Generator().manual_seed(1), x.device)
+        for signs, after in ((d, False), (d, True), (None, False)):
+            for out in (torch.float32, dtype):
+                a = hadamard.fwht(x, n, signs, after, out, fused=True)
+                b = hadamard.fwht(x, n, signs, after, out, fused=False)
+                assert a.dtype == b.dtype == out and a.shape == x.shape
+                assert torch.equal(a, b), (n, dtype, last, after, out)
