@@ -28,7 +28,8 @@ from op_table import describe, markdown  # noqa: E402
 from recipes import data, model as gpt  # noqa: E402
 
 SPECS = ["int8", "int8:rot", "tile:3.5", "tile:3", "tile:4:lo=4", "tile:3.5:pivots=0", "tile:3.5:rot=false",
-         "tile:3.5:asym", "tile:3:lo=2:hi=4", "tile:2.5:lo=2:hi=3", "tile:3:stoch", "tile:2:lo=2:hi=2:stoch", "int5", "int4", "int4:asym", "int4:rot", "int4:per=block64", "int4:per=block32", "int4:stoch",
+         "tile:3.5:asym", "tile:3:lo=2:hi=4", "tile:2.5:lo=2:hi=3", "tile:3:stoch", "tile:2:lo=2:hi=2:stoch", "vq:4", "vq:3.5", "vq:3", "vq:2.5", "vq:2",
+         "vq:3:dim=1", "vq:2:dim=1", "vq:2:dim=4", "vq:1.5:dim=4", "int5", "int4", "int4:asym", "int4:rot", "int4:per=block64", "int4:per=block32", "int4:stoch",
          "int3", "int3:stoch", "int3:per=block32", "int2:stoch", "int6", "nf6", "nf5", "nf4", "nf4:per=block64", "nf4:per=block32", "nf4:stoch",
          "nf3", "nf3:stoch", "nf2:stoch", "nf:48", "nf:40", "nf:7:stoch", "nf:6:stoch", "nf:5:stoch", "nf:3:stoch", "nat:bits=4", "fp8", "topk:0.3:per=row>int8", "lowrank:8"]
 

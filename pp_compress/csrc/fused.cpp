@@ -491,8 +491,8 @@ torch::Tensor nf_decode(torch::Tensor codes, torch::Tensor scales, torch::Tensor
 }
 
 // The orthonormal Walsh-Hadamard transform of every block of n values of x's rows (ops/hadamard.py's reference,
-// bitwise): the input in fp32 times the signs d (unless `after`), log2(n) unnormalized butterfly levels from the
-// lowest bit of the position up, one product with fp32 1/sqrt(n), the signs (with `after`), the output dtype. Each
+// bitwise): the input in fp32 times fp32 1/sqrt(n) and the signs d (unless `after`), log2(n) butterfly levels from
+// the lowest bit of the position up, the signs (with `after`), the output dtype. Each
 // block is worked in a buffer that stays in L1, so the tensor is read once and written once.
 namespace {
 #ifdef __AVX512F__
@@ -576,14 +576,14 @@ torch::Tensor fwht(torch::Tensor x, c10::optional<torch::Tensor> signs, int64_t 
           const in_t* xb = xp + b * n;
           const float* db = d ? d + (b % period) * n : nullptr;
           to_float_row(xb, n, y);
-          if (db && !after)
-            for (int64_t i = 0; i < n; ++i) y[i] *= db[i];
-          butterflies(y, n);
-          if (db && after) {
+          if (db && !after) {
             for (int64_t i = 0; i < n; ++i) y[i] = y[i] * scale * db[i];
           } else {
             for (int64_t i = 0; i < n; ++i) y[i] *= scale;
           }
+          butterflies(y, n);
+          if (db && after)
+            for (int64_t i = 0; i < n; ++i) y[i] *= db[i];
           from_float_row(y, n, op + b * n);
         }
       });

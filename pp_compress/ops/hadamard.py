@@ -9,8 +9,8 @@ Why: an outlier channel holds most of a row's absmax, so a low-bit grid scaled t
 a few levels. After the rotation each block's energy is spread over all n outputs, so the absmax falls towards
 the block's RMS and the grid fits the bulk of the values.
 
-The transform is a butterfly: log2(n) add/subtract levels over the position's bits, lowest first, unnormalized,
-then one product with fp32 1/sqrt(n): O(n log n) elementwise work with no matmul, so its rounding is the same on
+The transform is a butterfly: one product with fp32 1/sqrt(n), then log2(n) add/subtract levels over the
+position's bits, lowest first: O(n log n) elementwise work with no matmul, so its rounding is the same on
 every device and backend (no TF32, no GEMM reduction order). The fused CPU kernel (csrc/fused.cpp: `fwht`) does
 the same operations in the same order on a block held in L1, so its outputs are bitwise these; this eager path is
 its reference, and runs on CPU over chunks of rows that stay in cache, on CUDA in one shot.
@@ -54,16 +54,18 @@ _CHUNK = 1 << 17  # elements per CPU chunk: 512 KiB of fp32 per temporary, reuse
 
 def _fwht_rows(y: Tensor, n: int, d: Tensor | None, after: bool) -> Tensor:
     """H_n D y (or D H_n y with `after`) for fp32 rows y (rows, n) whose sign pattern repeats every d.shape[0] rows
-    (d: (period, n) or None). Returns a new tensor."""
+    (d: (period, n) or None). Returns a new tensor. The 1/sqrt(n) comes first, so that no partial sum of the levels
+    exceeds what the orthonormal output may reach: values near the dtype's max do not overflow on the way."""
+    y = y.mul(1 / math.sqrt(n))  # (rows, n), a new tensor; the scalar is rounded to fp32 once, as the kernel's
     if d is not None and not after:
-        y = y.view(-1, d.shape[0], n) * d  # (rows / period, period, n), a new tensor
+        y = y.view(-1, d.shape[0], n).mul_(d)  # (rows / period, period, n)
     h = 1
     while h < n:  # one butterfly level per bit of the index, lowest first
         v = y.reshape(-1, 2, h)  # (pairs of half-blocks, 2, h)
         a, b = v[:, 0], v[:, 1]
         y = torch.stack([a + b, a - b], 1)  # (pairs, 2, h)
         h *= 2
-    y = y.reshape(-1, n).mul_(1 / math.sqrt(n))  # (rows, n); the scalar is rounded to fp32 once, as the kernel's
+    y = y.reshape(-1, n)  # (rows, n)
     if d is not None and after:
         y = y.view(-1, d.shape[0], n).mul_(d).view(-1, n)
     return y

@@ -26,13 +26,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from . import hadamard
+from . import pivoted
 from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
 from .bits import pack_bits, packed_nbytes, unpack_bits
 from .groups import check_kernel, check_scale
 from .quant import INT_BITS, IntQuant, IntQuantConfig
-
-MAX_PIVOTS = 8
 
 
 @dataclass(frozen=True)
@@ -81,8 +79,8 @@ class TileQuantConfig(OpConfig):
             raise ValueError(f"tile avg={self.avg} bits is outside [lo, hi] = [{self.lo}, {self.hi}]; set lo/hi around it")
         if self.size < 2 or (self.rot and self.size & (self.size - 1)):
             raise ValueError(f"tile size={self.size}; accepted: an integer >= 2, a power of two with rotation")
-        if not 0 <= self.pivots <= MAX_PIVOTS:
-            raise ValueError(f"tile pivots={self.pivots}; accepted: 0..{MAX_PIVOTS}")
+        if not 0 <= self.pivots <= pivoted.MAX_PIVOTS:
+            raise ValueError(f"tile pivots={self.pivots}; accepted: 0..{pivoted.MAX_PIVOTS}")
         check_scale(self.scale)
         check_kernel(self.kernel)
 
@@ -101,65 +99,45 @@ class TileQuant(Compressor):
                       for b in (c.hi, c.lo)]
         """The quantizers of the high and the low tiles (each tile is one row of its group)."""
 
-    def _dims(self, shape: tuple[int, ...], where: str) -> tuple[int, int, int, int, int]:
-        """(rows, row length, tiles, high tiles, pivots per row) of a tensor of `shape`. A row whose length is not a
-        multiple of `size` is padded with zeros to the next one (their codes travel too; none for LLM widths)."""
+    def _dims(self, shape: tuple[int, ...], where: str) -> tuple[pivoted.Dims, int]:
+        """The tiling (ops/pivoted.py) of a tensor of `shape` and how many of its tiles get `hi` bits."""
         c = self.config
-        d = shape[-1] if shape else 1
-        if d >= 2**15:
-            raise ValueError(f"{where}: {self.spec} sends pivot positions as int16; rows of {d} values (shape "
-                             f"{tuple(shape)}) are too long")
-        rows = TensorSpec(tuple(shape), torch.float32).numel // max(d, 1)
-        tiles = rows * -(-d // c.size)
+        dm = pivoted.dims(shape, c.size, c.pivots, where, self.spec)
         share = (c.avg - c.lo) / (c.hi - c.lo) if c.hi > c.lo else 1.0
-        return rows, d, tiles, round(tiles * share), min(c.pivots, d)
+        return dm, round(dm.tiles * share)
 
     def wire_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout:
         c = self.config
-        rows, _, tiles, n_hi, k = self._dims(tuple(shape), ctx.name if ctx else "tile")
-        out = [TensorSpec((packed_nbytes(tiles, 1) if 0 < n_hi < tiles else 0,), torch.uint8)]
-        for part, n in zip(self.parts, (n_hi, tiles - n_hi)):
+        dm, n_hi = self._dims(tuple(shape), ctx.name if ctx else "tile")
+        out = [TensorSpec((packed_nbytes(dm.tiles, 1) if 0 < n_hi < dm.tiles else 0,), torch.uint8)]
+        for part, n in zip(self.parts, (n_hi, dm.tiles - n_hi)):
             out += part.wire_layout((n, c.size), torch.float32)
-        return out + [TensorSpec((rows * k,), dtype), TensorSpec((rows * k,), torch.int16)]
+        return out + pivoted.pivot_layout(dm, dtype)
 
     def _encode(self, x: Tensor, ctx: Context) -> Payload:
         c = self.config
-        rows, d, tiles, n_hi, k = self._dims(tuple(x.shape), ctx.name)
-        flat = x.new_zeros((rows, tiles // rows * c.size), dtype=torch.float32)  # (rows, d padded), zeros beyond d
-        flat[:, :d] = x.reshape(rows, d)
-        pos = flat[:, :d].abs().topk(k, dim=1).indices  # (rows, k)
-        vals = x.reshape(rows, d).gather(1, pos)  # (rows, k), exact, in x.dtype
-        flat.scatter_(1, pos, 0.0)
-        if c.rot:
-            flat = hadamard.rotate(flat, c.size, ctx.generator(x.device, "tile-rot"), c.kernel == "fused")  # (rows, d padded)
-        t = flat.reshape(tiles, c.size)  # (tiles, size)
+        dm, n_hi = self._dims(tuple(x.shape), ctx.name)
+        t, pivots = pivoted.split(x, dm, c.size, c.rot, ctx, "tile-rot", c.kernel == "fused")  # (tiles, size)
         spread = t.amax(dim=1) - t.amin(dim=1) if c.asym else 2 * t.abs().amax(dim=1)  # (tiles,)
-        high = torch.zeros(tiles, dtype=torch.bool, device=x.device)  # (tiles,)
+        high = torch.zeros(dm.tiles, dtype=torch.bool, device=x.device)  # (tiles,)
         high[spread.topk(n_hi).indices] = True
-        bitmap = pack_bits(high.to(torch.uint8), 1) if 0 < n_hi < tiles else x.new_empty((0,), dtype=torch.uint8)
+        bitmap = pack_bits(high.to(torch.uint8), 1) if 0 < n_hi < dm.tiles else x.new_empty((0,), dtype=torch.uint8)
         parts = [part.encode(t[mask], ctx).tensors for part, mask in zip(self.parts, (high, ~high))]
-        return Payload((bitmap, *parts[0], *parts[1], vals.reshape(-1), pos.to(torch.int16).reshape(-1)),
-                       x.shape, x.dtype)
+        return Payload((bitmap, *parts[0], *parts[1], *pivots), x.shape, x.dtype)
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
         c = self.config
         shape = tuple(payload.shape)
-        rows, d, tiles, n_hi, k = self._dims(shape, ctx.name)
+        dm, n_hi = self._dims(shape, ctx.name)
         bitmap, *rest = payload.tensors
         device = bitmap.device
-        if 0 < n_hi < tiles:
-            high = unpack_bits(bitmap, 1, tiles).bool()  # (tiles,)
+        if 0 < n_hi < dm.tiles:
+            high = unpack_bits(bitmap, 1, dm.tiles).bool()  # (tiles,)
         else:
-            high = torch.full((tiles,), n_hi == tiles, dtype=torch.bool, device=device)
-        t = torch.empty((tiles, c.size), dtype=torch.float32, device=device)  # (tiles, size)
+            high = torch.full((dm.tiles,), n_hi == dm.tiles, dtype=torch.bool, device=device)
+        t = torch.empty((dm.tiles, c.size), dtype=torch.float32, device=device)  # (tiles, size)
         n = len(self.parts[0].wire_layout((1, c.size), torch.float32))  # tensors per part
         for j, (part, mask) in enumerate(zip(self.parts, (high, ~high))):
             size = torch.Size((int(mask.sum()), c.size))
             t[mask] = part.decode(Payload(tuple(rest[j * n:(j + 1) * n]), size, torch.float32), ctx)
-        flat = t.reshape(rows, -1)  # (rows, d padded)
-        if c.rot:
-            flat = hadamard.unrotate(flat, c.size, ctx.generator(device, "tile-rot"), fused=c.kernel == "fused")  # (rows, d padded), fp32
-        flat = flat[:, :d].contiguous()  # (rows, d)
-        vals, pos = rest[2 * n], rest[2 * n + 1]
-        flat.scatter_(1, pos.long().reshape(rows, k), vals.float().reshape(rows, k))
-        return flat.reshape(shape).to(payload.dtype)
+        return pivoted.merge(t, rest[2 * n:], dm, shape, payload.dtype, c.rot, ctx, "tile-rot", c.kernel == "fused")

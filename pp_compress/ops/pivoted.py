@@ -1,0 +1,73 @@
+"""Rows cut into tiles with their largest values taken out exactly and a Hadamard rotation inside each tile: the
+preparation that the tile-adaptive (`tile`) and vector (`vq`) quantizers share.
+
+A LLaMA model's attention-sink token carries one channel ~100x the others. Taken out (its value in the input
+dtype and its position as int16 travel exactly) it no longer sets a tile's scale; the rotation then spreads what
+outliers remain over the tile, so a tile's values look like a gaussian sample whatever the channel. A row whose
+length is not a multiple of the tile size is padded with zeros (none for LLM widths).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from . import hadamard
+from .base import Context, TensorSpec
+
+MAX_PIVOTS = 8
+MAX_ROW = 2**15
+"""Positions travel as int16."""
+
+
+class Dims(NamedTuple):
+    rows: int
+    """Rows of the last dim (tokens)."""
+    d: int
+    """Row length."""
+    tiles: int
+    """Tiles over the whole tensor: rows * ceil(d / size)."""
+    pivots: int
+    """Values per row sent exactly: min(k, d)."""
+
+
+def dims(shape: tuple[int, ...], size: int, pivots: int, where: str, spec: str) -> Dims:
+    """The tiling of a tensor of `shape`; ValueError where its rows are too long for int16 positions."""
+    d = shape[-1] if shape else 1
+    if d >= MAX_ROW:
+        raise ValueError(f"{where}: {spec} sends pivot positions as int16; rows of {d} values (shape {tuple(shape)}) "
+                         "are too long")
+    rows = TensorSpec(tuple(shape), torch.float32).numel // max(d, 1)
+    return Dims(rows, d, rows * -(-d // size), min(pivots, d))
+
+
+def pivot_layout(dm: Dims, dtype: torch.dtype) -> list[TensorSpec]:
+    """The pivots' wire tensors: values in the input dtype, then int16 positions."""
+    return [TensorSpec((dm.rows * dm.pivots,), dtype), TensorSpec((dm.rows * dm.pivots,), torch.int16)]
+
+
+def split(x: Tensor, dm: Dims, size: int, rot: bool, ctx: Context, salt: str, fused: bool) -> tuple[Tensor, list[Tensor]]:
+    """(tiles (dm.tiles, size) fp32 with the pivots zeroed and rotated if `rot`, [pivot values, int16 positions])."""
+    rows, d, tiles, k = dm
+    flat = x.new_zeros((rows, tiles // rows * size), dtype=torch.float32)  # (rows, d padded), zeros beyond d
+    flat[:, :d] = x.reshape(rows, d)
+    pos = flat[:, :d].abs().topk(k, dim=1).indices  # (rows, k)
+    vals = x.reshape(rows, d).gather(1, pos)  # (rows, k), exact, in x.dtype
+    flat.scatter_(1, pos, 0.0)
+    if rot:
+        flat = hadamard.rotate(flat, size, ctx.generator(x.device, salt), fused)  # (rows, d padded)
+    return flat.reshape(tiles, size), [vals.reshape(-1), pos.to(torch.int16).reshape(-1)]
+
+
+def merge(t: Tensor, pivots: list[Tensor], dm: Dims, shape: tuple[int, ...], dtype: torch.dtype, rot: bool,
+          ctx: Context, salt: str, fused: bool) -> Tensor:
+    """Inverse of `split`: tiles (dm.tiles, size) fp32 and the pivots -> a tensor of `shape` in `dtype`."""
+    rows, d, _, k = dm
+    flat = t.reshape(rows, -1)  # (rows, d padded)
+    if rot:
+        flat = hadamard.unrotate(flat, t.shape[1], ctx.generator(t.device, salt), fused=fused)  # fp32
+    flat = flat[:, :d].contiguous()  # (rows, d)
+    vals, pos = pivots
+    flat.scatter_(1, pos.long().reshape(rows, k), vals.float().reshape(rows, k))
+    return flat.reshape(shape).to(dtype)

@@ -1,0 +1,201 @@
+"""vq:<bits>: vector quantization of rotated tiles with a fixed gaussian codebook (QuIP#/AQLM-class, no training).
+
+The tile-adaptive quantizer's preparation (ops/pivoted.py: each row's largest values sent exactly, a Hadamard
+rotation inside tiles of `size` channels) leaves every tile close to a gaussian sample. A uniform absmax grid is a
+poor code for a gaussian: its outermost levels sit at the rare tail and leave few levels for the bulk. Here each
+tile is scaled by its RMS and cut into vectors of `dim` values, and each vector is sent as the index of its nearest
+point in a codebook of 2**(bits * dim) points, the k-means (Lloyd) codebook of the standard normal in `dim`
+dimensions: the MSE-optimal scalar code for dim 1 (Lloyd-Max), and a denser packing of the plane or of 4-space
+for dim 2 and 4 (a quarter of a bit or more per element at the same error).
+
+The codebooks are constants shipped with the package (ops/vq_codebooks.json, written by
+`python -m pp_compress.ops.vq`), so the sender and the receiver hold the same points on every machine. Only the
+encoder searches (a matmul per chunk of vectors); the decoder looks the points up.
+Rounding is to the nearest point: biased, like int<b> without `stoch`.
+Wire: tiles * size / dim codes of bits * dim bits, one RMS scale per tile, the pivots (values, int16 positions).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from . import pivoted
+from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
+from .bits import pack_bits, packed_nbytes, unpack_bits
+from .groups import SCALE_DTYPES, check_kernel, check_scale, safe_scale
+
+DIMS = (1, 2, 4)
+CODE_BITS = range(2, 9)
+"""Bits per code (bits per element x dim): a codebook of 4 to 256 points."""
+CODEBOOKS = Path(__file__).with_name("vq_codebooks.json")
+_CHUNK = 1 << 15  # vectors per search step: a (chunk, points) fp32 distance matrix of at most 32 MiB
+
+
+@dataclass(frozen=True)
+class VectorQuantConfig(OpConfig):
+    """Vector quantization of rotated tiles, e.g. `vq:2.5` (pairs, 5-bit codes), `vq:2:dim=4`, `vq:3:dim=1`."""
+
+    NAME: ClassVar[str] = "vq"
+    POSITIONAL: ClassVar[str | None] = "bits"
+    POSITIONAL_REQUIRED: ClassVar[bool] = True
+    FORMS: ClassVar[str] = ("vq:<bits per element>[:dim=2][:size=64][:pivots=1][:rot=false][:scale=S]"
+                            "[:kernel=fused|eager], dim in 1, 2, 4, bits x dim in 2..8")
+    EXAMPLES: ClassVar[tuple[str, ...]] = ("vq:2.5", "vq:2:dim=4", "vq:3:dim=1", "vq:1.5:dim=4:size=16:pivots=0",
+                                           "vq:4:rot=false:scale=fp32", "vq:3:pivots=2:kernel=eager",
+                                           "vq:2:dim=1:size=8")
+
+    bits: float = 2.5
+    """Bits per element: each vector of `dim` values is one code of bits x dim bits (an integer, 2..8)."""
+    dim: int = 2
+    """Values per vector: 1 (Lloyd-Max scalar levels), 2 or 4."""
+    size: int = 64
+    """Channels per tile (a power of two with rotation, a multiple of dim); rows are zero-padded to a multiple."""
+    pivots: int = 1
+    """Largest-magnitude values per row sent exactly (with their positions), 0..8."""
+    rot: bool = True
+    """Randomized Hadamard rotation within each tile before quantizing."""
+    scale: str = "bf16"
+    """Dtype of the per-tile RMS scales on the wire: bf16, fp16 or fp32."""
+    kernel: str = "fused"
+    """The rotation: fused (its CPU kernel where built; the same values) or eager."""
+
+    def __post_init__(self) -> None:
+        if self.dim not in DIMS:
+            raise ValueError(f"vq dim={self.dim}; accepted: {', '.join(map(str, DIMS))}")
+        code = self.bits * self.dim
+        if code != round(code) or round(code) not in CODE_BITS:
+            accepted = ", ".join(f"{b / self.dim:g}" for b in CODE_BITS)
+            raise ValueError(f"vq bits={self.bits:g} with dim={self.dim} gives {code:g}-bit codes; accepted bits for "
+                             f"dim {self.dim}: {accepted}")
+        if self.size < 2 or self.size % self.dim or (self.rot and self.size & (self.size - 1)):
+            raise ValueError(f"vq size={self.size}; accepted: an integer >= 2 that dim={self.dim} divides, a power of "
+                             "two with rotation")
+        if not 0 <= self.pivots <= pivoted.MAX_PIVOTS:
+            raise ValueError(f"vq pivots={self.pivots}; accepted: 0..{pivoted.MAX_PIVOTS}")
+        check_scale(self.scale)
+        check_kernel(self.kernel)
+
+    @property
+    def code_bits(self) -> int:
+        return round(self.bits * self.dim)
+
+    def build(self) -> "VectorQuant":
+        return VectorQuant(self)
+
+
+@functools.cache
+def codebook(dim: int, code_bits: int, device: torch.device = torch.device("cpu")) -> Tensor:
+    """The shipped codebook: (2**code_bits, dim) fp32 points for the standard normal in `dim` dimensions."""
+    books = json.loads(CODEBOOKS.read_text())["codebooks"]
+    return torch.tensor(books[f"{dim}x{code_bits}"], dtype=torch.float32, device=device).reshape(-1, dim)
+
+
+def nearest(v: Tensor, cb: Tensor) -> Tensor:
+    """Index of the nearest codebook point for each row of v (n, dim): argmin |c|^2 - 2 v.c, in chunks."""
+    sq = cb.pow(2).sum(1)  # (points,)
+    out = torch.empty(v.shape[0], dtype=torch.uint8, device=v.device)  # (n,)
+    for i in range(0, v.shape[0], _CHUNK):
+        out[i:i + _CHUNK] = torch.addmm(sq, v[i:i + _CHUNK], cb.t(), alpha=-2).argmin(1)  # (chunk,)
+    return out
+
+
+class VectorQuant(Compressor):
+    config: VectorQuantConfig
+
+    def _dims(self, shape: tuple[int, ...], where: str) -> pivoted.Dims:
+        c = self.config
+        return pivoted.dims(shape, c.size, c.pivots, where, self.spec)
+
+    def wire_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout:
+        c = self.config
+        dm = self._dims(tuple(shape), ctx.name if ctx else "vq")
+        codes = dm.tiles * c.size // c.dim
+        return [TensorSpec((packed_nbytes(codes, c.code_bits),), torch.uint8),
+                TensorSpec((dm.tiles,), SCALE_DTYPES[c.scale])] + pivoted.pivot_layout(dm, dtype)
+
+    def _encode(self, x: Tensor, ctx: Context) -> Payload:
+        c = self.config
+        dm = self._dims(tuple(x.shape), ctx.name)
+        t, pivots = pivoted.split(x, dm, c.size, c.rot, ctx, "vq-rot", c.kernel == "fused")  # (tiles, size)
+        scale = t.double().pow(2).mean(1).sqrt().to(SCALE_DTYPES[c.scale])  # (tiles,); squares in fp64 do not overflow
+        cb = codebook(c.dim, c.code_bits, x.device)  # (points, dim)
+        if not bool(torch.isfinite(scale.float() * cb.abs().max()).all()):  # the decoder's largest product
+            raise FloatingPointError(
+                f"{ctx.name}: {self.spec} at step {ctx.step}: a tile's RMS times the codebook's outermost point "
+                f"overflows fp32 or scale={c.scale} (max |x| {float(x.abs().max()):.4g} in {x.dtype}); "
+                + ("the input holds NaN/Inf" if not bool(torch.isfinite(x).all())
+                   else "values this close to the dtype's max need absmax scales: int<b>:rot or tile"))
+        v = (t / safe_scale(scale.float())[:, None]).reshape(-1, c.dim)  # (tiles * size / dim, dim)
+        codes = nearest(v, cb)  # (tiles * size / dim,)
+        return Payload((pack_bits(codes, c.code_bits), scale, *pivots), x.shape, x.dtype)
+
+    def _decode(self, payload: Payload, ctx: Context) -> Tensor:
+        c = self.config
+        shape = tuple(payload.shape)
+        dm = self._dims(shape, ctx.name)
+        packed, scale, *pivots = payload.tensors
+        codes = unpack_bits(packed, c.code_bits, dm.tiles * c.size // c.dim).long()  # (tiles * size / dim,)
+        t = codebook(c.dim, c.code_bits, packed.device)[codes].reshape(dm.tiles, c.size)  # (tiles, size)
+        t = t * scale.float()[:, None]
+        return pivoted.merge(t, pivots, dm, shape, payload.dtype, c.rot, ctx, "vq-rot", c.kernel == "fused")
+
+
+# --- the codebooks: written once by `python -m pp_compress.ops.vq`, shipped as constants ---------------------------
+def lloyd_max(points: int, iters: int = 2000) -> Tensor:
+    """The MSE-optimal `points` levels for N(0, 1), by Lloyd's iteration on exact gaussian integrals (float64)."""
+    c = torch.special.ndtri(torch.linspace(0.5 / points, 1 - 0.5 / points, points, dtype=torch.float64))  # (points,)
+    pdf = lambda t: torch.exp(-t * t / 2) / math.sqrt(2 * math.pi)  # noqa: E731
+    for _ in range(iters):
+        edges = torch.cat([torch.tensor([-math.inf], dtype=torch.float64), (c[1:] + c[:-1]) / 2,
+                           torch.tensor([math.inf], dtype=torch.float64)])  # (points + 1,)
+        mass = torch.special.ndtr(edges[1:]) - torch.special.ndtr(edges[:-1])  # (points,)
+        c = (pdf(edges[:-1]) - pdf(edges[1:])) / mass  # the conditional mean of each cell
+    return c[:, None]  # (points, 1)
+
+
+def kmeans(dim: int, points: int, samples: int = 1 << 19, iters: int = 300, seed: int = 0) -> Tensor:
+    """Lloyd's k-means on a fixed sample of N(0, I_dim), from the product of the 1-D Lloyd-Max levels where
+    `points` is a dim-th power, else from sample points; float64, (points, dim)."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(samples, dim, generator=g, dtype=torch.float64)  # (samples, dim)
+    side = round(points ** (1 / dim))
+    if side**dim == points:
+        c = torch.cartesian_prod(*[lloyd_max(side)[:, 0]] * dim).reshape(points, dim)
+    else:
+        c = s[torch.randperm(samples, generator=g)[:points]].clone()
+    for _ in range(iters):
+        a = torch.cat([torch.addmm((c * c).sum(1), p, c.t(), alpha=-2).argmin(1) for p in s.split(1 << 16)])
+        count = torch.bincount(a, minlength=points).double()  # (points,)
+        total = torch.zeros_like(c).index_add_(0, a, s)
+        moved = count > 0
+        c[moved] = total[moved] / count[moved, None]
+    return c
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Write the shipped gaussian codebooks (ops/vq_codebooks.json)")
+    ap.add_argument("--out", type=Path, default=CODEBOOKS)
+    args = ap.parse_args()
+    books, mse = {}, {}
+    probe = torch.randn(1 << 18, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    for dim in DIMS:
+        for b in CODE_BITS:
+            cb = (lloyd_max(2**b) if dim == 1 else kmeans(dim, 2**b)).float()  # (points, dim)
+            v = probe[:, :dim].float()
+            err = (cb[nearest(v, cb).long()] - v).pow(2).mean()
+            books[f"{dim}x{b}"], mse[f"{dim}x{b}"] = cb.tolist(), round(float(err), 6)
+            print(f"dim {dim}, {b}-bit codes ({b / dim:g} bits per element): MSE on N(0, 1) {float(err):.5f}", flush=True)
+    args.out.write_text(json.dumps({"generator": "python -m pp_compress.ops.vq", "mse_on_unit_gaussian": mse,
+                                    "codebooks": books}, indent=0) + "\n")
+
+
+if __name__ == "__main__":
+    main()
