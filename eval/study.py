@@ -152,12 +152,15 @@ SMOLLM2: dict[str, str] = {
     # rotated int8 both ways: near-lossless on SmolLM2's outlier channels at inference (the conservative preset
     # candidate for LLaMA-family models, since `safe` fails the loss rule here); ahead of the rest for that reason
     "sm-int8rot": "int8:rot",
+    # vector quantization of rotated tiles: at equal bits 26-54% less error than tile's uniform grid on SmolLM2's own
+    # boundary tensors (benchmarks/results/boundary_error_smollm2_vq.md); nearest-rounded both ways, 3.83 averaged
+    "sm-act-vq4_grad-vq3": "act=vq:4,grad=vq:3",
     # nearest-rounded tile gradients: a quarter of tile:3:stoch's error (0.137 vs 0.353), biased (3.85 bits averaged)
     "sm-tile3.5_grad-tile3.5": "act=tile:3.5,grad=tile:3.5",
     "sm-int8": "int8",
     "sm-aggressive": "aggressive",
-    "sm-act-int4rot_grad-int4rotstoch": "act=int4:rot,grad=int4:rot:stoch",  # rotation without tiles
-    "sm-act-tile3_grad-tile2.5stoch": "act=tile:3,grad=tile:2.5:lo=2:hi=3:stoch",  # the 3-bit moonshot: 3.09 averaged
+    "sm-vq2.5": "act=vq:2.5,grad=vq:2.5",  # the 3-bit moonshot with vq: 2.83 averaged
+    "sm-act-tile3_grad-tile2.5stoch": "act=tile:3,grad=tile:2.5:lo=2:hi=3:stoch",  # the 3-bit moonshot, unbiased: 3.09
     "sm-topk0.1": "topk:0.1", "sm-topk0.2": "topk:0.2", "sm-topk0.3": "topk:0.3",
 }
 SM_COMMON = ["--stages", "4", "--data", "austen", "--steps", "200", "--seq-len", "128", "--micro-batch", "4",
