@@ -15,28 +15,12 @@
 
 namespace {
 
-// Rows between a tensor's dtype and fp32. bf16 both ways as integer operations the compiler vectorizes (c10's scalar
-// conversion it does not): in, a shift; out, c10's round to nearest even with its one NaN (0x7FC0), bitwise.
+// Rows between a tensor's dtype and fp32, with c10's conversions (bf16/fp16 out: round to nearest even)
 template <typename T> inline void to_float_row(const T* in, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]);
 }
-template <> inline void to_float_row<c10::BFloat16>(const c10::BFloat16* in, int64_t n, float* out) {
-  const uint16_t* p = reinterpret_cast<const uint16_t*>(in);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t u = static_cast<uint32_t>(p[i]) << 16;
-    std::memcpy(out + i, &u, 4);
-  }
-}
 template <typename T> inline void from_float_row(const float* in, int64_t n, T* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(in[i]);
-}
-template <> inline void from_float_row<c10::BFloat16>(const float* in, int64_t n, c10::BFloat16* out) {
-  uint16_t* p = reinterpret_cast<uint16_t*>(out);
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, in + i, 4);
-    p[i] = (u & 0x7fffffffu) > 0x7f800000u ? uint16_t{0x7FC0} : static_cast<uint16_t>((u + ((u >> 16) & 1u) + 0x7FFFu) >> 16);
-  }
 }
 
 // round_scale: s * (1 + bump) rounded to nearest in the scale dtype (0 = fp32, 1 = bf16, 2 = fp16), as fp32 value
