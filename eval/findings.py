@@ -1,13 +1,16 @@
 """The paper's six findings (../shared/RESEARCH.md), each judged from the study's runs by an explicit rule.
 
-eval/report.py writes the verdicts into eval/RESULTS.md: the 120-step study's next to the 1,000-step study's.
+eval/report.py writes the verdicts into eval/RESULTS.md, one column per regime: pretraining the small GPT from scratch
+(120 and 1,000 steps) and finetuning SmolLM2-135M (the paper's regime: it finetuned a pretrained GPT-2-size model).
 """
 from __future__ import annotations
 
 import math
 
+from typing import Literal
+
 from eval import frontier
-from eval.study import FINETUNE
+from eval.study import FINETUNE, FT_EPOCHS
 
 # The TopK levels of the study's settings (eval/study.py: topk<r>, act-topk<r>, grad-topk<r>)
 LEVELS = ("0.5", "0.3", "0.2", "0.1", "0.05")
@@ -16,8 +19,11 @@ LEVELS = ("0.5", "0.3", "0.2", "0.1", "0.05")
 class Findings:
     """The paper's six findings (../shared/RESEARCH.md), each judged from the runs by an explicit rule."""
 
-    def __init__(self, runs: dict[str, dict]) -> None:
-        self.runs = runs
+    def __init__(self, runs: dict[str, dict], regime: Literal["pretraining", "finetuning"] = "pretraining",
+                 aqsgd_pair: tuple[str, str] = ("topk0.1", "topk0.1+aqsgd")) -> None:
+        """`runs` by the pretraining study's names (`finetuning_runs` renames the finetuning ones); `aqsgd_pair`: the
+        TopK run and its AQ-SGD twin that finding 5 compares (multi-epoch runs in the finetuning regime)."""
+        self.runs, self.regime, self.aqsgd_pair = runs, regime, aqsgd_pair
         base, other = runs.get("base"), runs.get("base-seed1")
         self.base = base["val_loss"] if base else math.nan
         # Seed-to-seed spread of the baseline; "no loss" = frontier.tolerance (twice that, at least 0.02 nats)
@@ -91,18 +97,7 @@ class Findings:
         gap = r["val_loss_plain_inference"] - r["val_loss"]
         text = (f"topk:0.1 (no error feedback): validation loss {r['val_loss']:.3f} with TopK at inference, "
                 f"{r['val_loss_plain_inference']:.3f} without ({gap:+.3f}).")
-        return ("holds" if gap > self.tol else "does not hold here"), text + self.ft_plain(("ft-topk0.1",))
-
-    def ft_plain(self, names: tuple[str, ...]) -> str:
-        """The finetuning runs' side of findings 3-4: val loss with TopK at inference, and without."""
-        base = self.runs.get("ft-base")
-        rows = [(n, self.runs[n]) for n in names if n in self.runs and "val_loss_plain_inference" in self.runs[n]]
-        if not base or not rows:
-            return ""
-        return " Finetuning SmolLM2-135M: " + ", ".join(
-            f"{r['spec']} training {r['val_loss'] - base['val_loss']:+.3f} vs uncompressed finetuning, validation "
-            f"{r['val_loss']:.3f} with TopK at inference and {r['val_loss_plain_inference']:.3f} without "
-            f"({r['val_loss_plain_inference'] - r['val_loss']:+.3f})" for n, r in rows) + "."
+        return ("holds" if gap > self.tol else "does not hold here"), text
 
     def f4(self) -> tuple[str, str]:
         rows = []
@@ -122,14 +117,15 @@ class Findings:
         part1 = "no training gain" if no_gain else "a training gain"
         part2 = "small drop without compression" if small_drop else "a large drop without compression"
         verdict = "holds" if no_gain and small_drop else f"partly ({part1}, {part2})"
-        return verdict, "Pretraining, " + text + self.ft_plain(("ft-topk0.1", "ft-topk0.1+ef"))
+        return verdict, f"{self.regime.capitalize()}, {text}"
 
     def f5(self) -> tuple[str, str]:
-        if "topk0.1+aqsgd" not in self.runs or "topk0.1" not in self.runs:
+        plain_topk, aqsgd = self.aqsgd_pair
+        if aqsgd not in self.runs or plain_topk not in self.runs:
             return "not measured", ""
-        r = self.runs["topk0.1+aqsgd"]
-        gain = self.d("topk0.1") - self.d("topk0.1+aqsgd")
-        text = f"{self.fmt('topk0.1+aqsgd')} vs {self.fmt('topk0.1')} (AQ-SGD gain {gain:+.3f}), wire ratio {r['ratio']:.2f}x."
+        r = self.runs[aqsgd]
+        gain = self.d(plain_topk) - self.d(aqsgd)  # the baseline cancels: the pair shares its protocol
+        text = f"{self.fmt(aqsgd)} vs {self.fmt(plain_topk)} (AQ-SGD gain {gain:+.3f}), wire ratio {r['ratio']:.2f}x."
         if r["ratio"] < 1.05:
             plain = r.get("val_loss_plain_inference", math.nan)
             return "not testable in one epoch", text + (
@@ -140,30 +136,20 @@ class Findings:
                 "small data) to compress at all.")
         # AQ-SGD sends first visits raw: the share of the traffic that TopK never touched, from the two wire ratios
         # (1 / ratio = raw + (1 - raw) / topk_ratio)
-        raw = (1 / r["ratio"] - 1 / self.runs["topk0.1"]["ratio"]) / (1 - 1 / self.runs["topk0.1"]["ratio"])
+        raw = (1 / r["ratio"] - 1 / self.runs[plain_topk]["ratio"]) / (1 - 1 / self.runs[plain_topk]["ratio"])
         text += (f" AQ-SGD sends a sample's first visit raw, so {raw:.0%} of its boundary traffic was not compressed at "
                  "all: a gain here mixes the deltas' effect with that of sending less through TopK.")
         return ("holds" if gain <= self.tol else "does not hold here: AQ-SGD helps"), text
 
     def f6(self) -> tuple[str, str]:
-        ft = {n: r for n, r in self.runs.items() if n in FINETUNE}
-        if "ft-base" in ft:
-            levels = [(n.removeprefix("ft-topk"), ft[n]["val_loss"] - ft["ft-base"]["val_loss"]) for n in FINETUNE
-                      if n.startswith("ft-topk") and "+" not in n and n in ft]
-            seed = ft.get("ft-base-seed1")
-            tol = max(2 * abs(seed["val_loss"] - ft["ft-base"]["val_loss"]), 0.02) if seed else 0.02
-            verdict, first = self.rise(levels, tol)
-            text = ("Finetuning SmolLM2-135M (below), TopK both directions, delta vs uncompressed finetuning: "
-                    + ", ".join(f"{r}: {dl:+.3f}" for r, dl in levels) + f". First level worse by more than {tol:.3f} nats"
-                    + (" (twice the finetuning seed-to-seed gap, at least 0.02)" if seed else "") + f": {first or 'none'}.")
-            return verdict, text
         both = [(r, self.d(f"topk{r}")) for r in LEVELS if f"topk{r}" in self.runs]
         if not both:
             return "not measured", ""
         verdict, first = self.rise(both, self.tol)
-        text = ("TopK both directions, pretraining: " + ", ".join(f"{r}: {dl:+.3f}" for r, dl in both) +
-                f". First level beyond the tolerance: {first or 'none'}. This is pretraining from scratch, not "
-                "finetuning, so the comparison is loose.")
+        text = (f"TopK both directions, {self.regime}: " + ", ".join(f"{r}: {dl:+.3f}" for r, dl in both) +
+                f". First level beyond the tolerance: {first or 'none'}." +
+                (" This is pretraining from scratch, not finetuning, so the comparison is loose."
+                 if self.regime == "pretraining" else " The paper's regime: finetuning a pretrained model."))
         return verdict, text
 
     @staticmethod
@@ -176,16 +162,36 @@ class Findings:
         return ("holds" if first == "0.2" else "does not hold as stated"), first
 
 
-def verdicts(old: Findings, new: Findings) -> list[str]:
-    """The six findings' table: the 120-step verdict next to the 1,000-step one."""
-    return ["| finding | 120 steps | 1,000 steps |", "|---|---|---|",
-            *(f"| {title} | {fo()[0]} | {fn()[0]} |" for title, fo, fn in zip(Findings.TITLES, old.rules(), new.rules()))]
+COLUMNS = ("small GPT pretraining, 120 steps", "small GPT pretraining, 1,000 steps",
+           "SmolLM2-135M finetuning (the paper's regime)")
 
 
-def findings_compared(old: Findings, new: Findings) -> list[str]:
-    """The six findings: the verdicts' table, then the long study's evidence for each."""
+def finetuning_runs(ft: dict[str, dict], ftep: dict[str, dict]) -> dict[str, dict]:
+    """The SmolLM2 finetuning runs under the pretraining study's names, so the same rules judge them: the 40-step
+    runs (`ft-<name>` is `<name>`) and, for finding 5, the multi-epoch TopK pair as `ep-topk0.1` / `ep-topk0.1+aqsgd`
+    (AQ-SGD compresses only what a sample sends again)."""
+    out = {n.removeprefix("ft-"): r for n, r in ft.items() if n in FINETUNE}
+    out.update({n.removeprefix("ft-"): r for n, r in ftep.items() if n in FT_EPOCHS and "topk" in n})
+    return out
+
+
+def finetuning(ft: dict[str, dict], ftep: dict[str, dict]) -> Findings:
+    return Findings(finetuning_runs(ft, ftep), "finetuning", ("ep-topk0.1", "ep-topk0.1+aqsgd"))
+
+
+def verdicts(*columns: Findings) -> list[str]:
+    """The six findings' table: one verdict per regime (`COLUMNS`, in order)."""
+    return [f"| finding | {' | '.join(COLUMNS[:len(columns)])} |", "|---" * (len(columns) + 1) + "|",
+            *(f"| {title} | {' | '.join(fn()[0] for fn in fns)} |"
+              for title, *fns in zip(Findings.TITLES, *(c.rules() for c in columns)))]
+
+
+def findings_compared(*columns: Findings) -> list[str]:
+    """The six findings: the verdicts' table, then each later column's evidence for each."""
     details = []
-    for title, fn in zip(Findings.TITLES, new.rules()):
-        verdict, text = fn()
-        details += [f"**{title} (1,000 steps): {verdict}.** {text}", ""]
-    return verdicts(old, new) + ["", new.lines()[0], "", *details]
+    for name, col in zip(COLUMNS[1:len(columns)], columns[1:]):
+        details += [f"#### {name}", "", col.lines()[0], ""]
+        for title, fn in zip(Findings.TITLES, col.rules()):
+            verdict, text = fn()
+            details += [f"**{title}: {verdict}.** {text}", ""]
+    return verdicts(*columns) + ["", *details]

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 import pp_compress as ppc  # noqa: E402
 from eval import epochs, frontier  # noqa: E402
 from pp_compress.presets import PRESETS  # noqa: E402
-from eval.findings import LEVELS, Findings, findings_compared, verdicts  # noqa: E402
+from eval.findings import LEVELS, Findings, findings_compared, finetuning, verdicts  # noqa: E402
 from eval.study import (COMMON, FINDINGS_RUNS, FINETUNE, FT_COMMON, FT_EP_COMMON, FT_EPOCHS, LOGS, LONG, LONG_COMMON,  # noqa: E402
                         SETTINGS, SM_COMMON, SMOLLM2)
 
@@ -244,9 +244,9 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
         update_readme(args.summary, "presets", presets_block(every))
     made = frontier.plot(rows, rel / "plots" / "long")
     made += curves(long, rel / "plots" / "long", LONG_GROUPS)
-    old, new = Findings({**short, **ft}), Findings(long)
+    old, new, paper = Findings(short), Findings(long), finetuning(ft, ftep)
     if args.readme is not None:
-        update_readme(args.readme, "findings", verdicts(old, new))
+        update_readme(args.readme, "findings", verdicts(old, new, paper))
         sm_results = args.results / frontier.TESTBEDS["smollm2"].results
         if (sm_results / frontier.TESTBEDS["smollm2"].base).exists():
             sm = frontier.of_model(frontier.build(sm_results, [], args.results / "frontier.json",
@@ -270,7 +270,7 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
             "base-seed1's own row shows how much of a steps-to-target difference the seed alone makes.", "",
             *frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows)), "",
             *[f"![{m}]({(rel / 'plots' / 'long' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], "",
-            "### The paper's six findings, re-judged", "", *findings_compared(old, new),
+            "### The paper's six findings, re-judged", "", *findings_compared(old, new, paper),
             *(epochs_section(ftep, rel, args.results, args.readme) if ftep else []),
             "### All long-study settings", "", *table(long, LONG, "base"), ""]
 
@@ -321,7 +321,7 @@ def main() -> None:
               "re-evaluates the final checkpoint with no compression at all (`recipes/infer.py --pp-compress none`, same "
               "batches). Logs: `eval/results/<setting>/`. At 120 steps (245k tokens) the models are still learning "
               "unigram statistics; the long study above supersedes these verdicts.", "",
-              "### Findings of the paper at 120 steps", "", *Findings({**runs, **ft}).lines(),
+              "### Findings of the paper at 120 steps", "", *Findings(runs).lines(),
               "### All pretraining settings", "", *table(runs, SETTINGS, "base"), ""]
     if ft:
         lines += ["### Finetuning SmolLM2-135M-Instruct", "",

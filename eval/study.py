@@ -70,7 +70,11 @@ FINETUNE: dict[str, str] = {"ft-base": "none", "ft-base-seed1": "none", "ft-int8
 # Rotation where outlier channels exist: SmolLM2's hidden states (benchmarks/results/op_table_smollm2.md)
 FINETUNE.update({"ft-act-int4_grad-int8": "act=int4,grad=int8", "ft-act-int4rot_grad-int8": "act=int4:rot,grad=int8",
                  "ft-act-int3rot_grad-int8": "act=int3:rot,grad=int8"})
-FT_FEEDBACK = ("ft-topk0.1", "ft-topk0.1+ef")
+# The paper's findings in its own regime (finetuning a pretrained model; eval/findings.py): TopK on one direction
+# only (finding 1) and EF21 (finding 4); finding 5's AQ-SGD pair is multi-epoch (FT_EPOCHS)
+FINETUNE.update({"ft-act-topk0.1": "act=topk:0.1,grad=none", "ft-grad-topk0.1": "act=none,grad=topk:0.1",
+                 "ft-topk0.1+ef21": "topk:0.1+ef21"})
+FT_FEEDBACK = ("ft-topk0.1", "ft-topk0.1+ef", "ft-topk0.1+ef21", "ft-act-topk0.1")
 FT_COMMON = ["--stages", "2", "--data", "austen", "--steps", "40", "--seq-len", "128", "--micro-batch", "2", "--grad-accum", "2",
              "--eval-every", "20", "--eval-batches", "8", "--log-every", "5", "--lr", "1e-4", "--seed", "0"]
 COMMON = ["--stages", "4", "--model", "small", "--steps", "120", "--eval-every", "40", "--eval-batches", "8",
@@ -128,7 +132,9 @@ FT_EPOCHS: dict[str, str] = {"ft-ep-base": "none", "ft-ep-act-int4": "act=int4,g
                              "ft-ep-act-int2+aqsgd-first-int8rot_grad-int3stoch":
                                  "act=int2+aqsgd:first=int8:rot,grad=int3:stoch,eval=none",
                              "ft-ep-act-int2+aqsgd-first-tile3.5_grad-int3stoch":
-                                 "act=int2+aqsgd:first=tile:3.5,grad=int3:stoch,eval=none"}
+                                 "act=int2+aqsgd:first=tile:3.5,grad=int3:stoch,eval=none",
+                             # finding 5 in the paper's regime: AQ-SGD + TopK against TopK, over 8 epochs
+                             "ft-ep-topk0.1": "topk:0.1,eval=none", "ft-ep-topk0.1+aqsgd": "act=topk:0.1+aqsgd,grad=topk:0.1,eval=none"}
 FT_EP_COMMON = ["--stages", "2", "--data", "austen", "--train-sequences", "32", "--steps", "64", "--seq-len", "128",
                 "--micro-batch", "2", "--grad-accum", "2", "--eval-every", "8", "--eval-batches", "8", "--log-every", "4",
                 "--lr", "5e-5", "--seed", "0", "--save-every", "16"]
@@ -173,6 +179,7 @@ LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace
               "act-int5_grad-int3stoch", "act-int4b32_grad-int3stoch", "act-nf5_grad-nf2stoch", "act-nf6_grad-int3stoch",
               "ft-ep-base", "ft-ep-act-int4+aqsgd", "ft-ep-act-int4", "ft-ep-act-int2+aqsgd_grad-int3stoch",
               "ft-ep-act-int2+aqsgd-first-int8rot_grad-int3stoch", "ft-ep-act-int2+aqsgd-first-tile3.5_grad-int3stoch",
+              "ft-ep-topk0.1", "ft-ep-topk0.1+aqsgd",
               "act-int4_grad-int3stoch-warm100",
               "act-topk0.3row-int8+ef_grad-int8", "act-lowrank8+ef21_grad-int8", "act-nf40_grad-nf5stoch", "topk0.1", "topk0.1+ef",
               "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.2", "topk0.3", "topk0.1+aqsgd", "act-nf4_grad-nf3stoch",

@@ -77,3 +77,21 @@ def test_loss_rises_from_top20_needs_top30_within_the_tolerance():
     assert findings.Findings({**runs, "topk0.3": run(5.01)}).f6()[0] == "holds"
     verdict, text = findings.Findings({**runs, "topk0.3": run(5.3)}).f6()
     assert verdict == "does not hold as stated" and "First level beyond the tolerance: 0.3" in text
+
+
+def test_the_finetuning_regime_is_its_own_column_with_its_own_aqsgd_pair():
+    ft = {"ft-base": run(3.50), "ft-base-seed1": run(3.51), "ft-topk0.3": run(3.51), "ft-topk0.2": run(3.60),
+          "ft-topk0.1": run(3.80, 7.6, plain=4.5), "ft-act-topk0.1": run(3.6), "ft-grad-topk0.1": run(3.9)}
+    ftep = {"ft-ep-base": run(3.0), "ft-ep-topk0.1": run(3.40, 7.6), "ft-ep-topk0.1+aqsgd": run(3.10, 3.0),
+            "ft-ep-act-int4": run(3.01)}
+    paper = findings.finetuning(ft, ftep)
+    assert set(paper.runs) == {"base", "base-seed1", "topk0.3", "topk0.2", "topk0.1", "act-topk0.1", "grad-topk0.1",
+                               "ep-topk0.1", "ep-topk0.1+aqsgd"}
+    assert paper.f6()[0] == "holds" and "finetuning a pretrained model" in paper.f6()[1]
+    assert paper.f5()[0] == "does not hold here: AQ-SGD helps"  # the multi-epoch pair, not the 40-step topk0.1
+    assert paper.f3()[0] == "holds"  # 0.7 nats worse without TopK at inference
+    small = findings.Findings({"base": run(5.0), "base-seed1": run(5.0), "topk0.3": run(5.3), "topk0.2": run(5.5)})
+    table = findings.verdicts(small, small, paper)
+    assert table[0] == "| finding | " + " | ".join(findings.COLUMNS) + " |"
+    assert table[-1].endswith("| does not hold as stated | does not hold as stated | holds |")
+    assert "pretraining from scratch" in small.f6()[1]
