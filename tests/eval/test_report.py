@@ -74,7 +74,7 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
     assert block.split(start, 1)[1].split(end, 1)[0].strip().startswith("| setting | --pp-compress | bits fwd / bwd, epoch 1")
     assert "| speedup 2mbit (r=10.0) |" in block and "**Headline.**" in block
     start, end = report.markers("findings")
-    assert block.split(start, 1)[1].split(end, 1)[0].strip().startswith("| finding | 120 steps | 1,000 steps |")
+    assert block.split(start, 1)[1].split(end, 1)[0].strip().startswith("| finding | small GPT pretraining, 120 steps | small GPT pretraining, 1,000 steps | SmolLM2-135M finetuning")
     assert text.index("## The long study") < text.index("## History: the short study")
     assert "| speedup 2mbit (r=10.0) |" in text
     steps = 2 + 0.5 / 0.51  # int8 crosses 4.0 between step 2 (4.5) and 3 (3.99)
