@@ -153,9 +153,9 @@ def frontier_block(rows: list[dict]) -> list[str]:
     return [*frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows))]
 
 
-USER_SETTINGS = ("int8", "int8:rot", "safe", "aggressive", "topk:0.1")
-"""The settings the README's "Which setting" table shows: the presets, int8 (plain and rotated, the conservative
-choice on LLaMA-family models), and the paper's TopK 10%."""
+USER_SETTINGS = ("safe", "int8", "act=nf6,grad=int3:stoch", "act=tile:3.5,grad=tile:3:stoch", "aggressive", "topk:0.1")
+"""The settings the README's "Which setting" table shows: the presets, per-row int8, the former `safe` (at parity on the
+small GPT, not on SmolLM2), the 3.6-bit tile setting, and the paper's TopK 10%."""
 
 
 def presets_block(rows: list[dict]) -> list[str]:

@@ -154,7 +154,7 @@ SMOLLM2: dict[str, str] = {
     "sm-act-tile3.5": "act=tile:3.5,grad=none",  # activations alone at <= 4 bits (TAH-Quant's level)
     # the second seed of the <= 4-bit candidate: served uncompressed, its first seed is within the tolerance
     "sm-tile3.5_grad-tile3stoch-seed1": "act=tile:3.5,grad=tile:3:stoch",
-    "sm-safe": "safe",
+    "sm-safe": "act=nf6,grad=int3:stoch",  # the `safe` preset when it ran (it is int8:rot since SmolLM2 measured this worse)
     # rotated int8 both ways: near-lossless on SmolLM2's outlier channels at inference (the conservative preset
     # candidate for LLaMA-family models, since `safe` fails the loss rule here); ahead of the rest for that reason
     "sm-int8rot": "int8:rot",

@@ -32,8 +32,8 @@ def test_identity_is_bitwise_the_stock_stage(tmp_path, schedule):
     assert [stock[r]["sent_bytes"] for r in (0, 1)] == [ident[r]["sent_bytes"] for r in (0, 1)]
 
 
-@pytest.mark.parametrize("schedule,spec,ratio", [("GPipe", "int8", 3.8), ("1F1B", "safe", 6.8),
-                                                 ("Interleaved1F1B", "int8", 3.8), ("ZBVZeroBubble", "safe", 6.8)])
+@pytest.mark.parametrize("schedule,spec,ratio", [("GPipe", "int8", 3.8), ("1F1B", "act=nf6,grad=int3:stoch", 6.8),
+                                                 ("Interleaved1F1B", "int8", 3.8), ("ZBVZeroBubble", "act=nf6,grad=int3:stoch", 6.8)])
 def test_compressed_bytes_shrink_by_the_stated_ratio_and_training_follows(tmp_path, schedule, spec, ratio):
     stock = run(tmp_path / "stock", "--schedule", schedule, "--hidden", "256", "--steps", "6")
     comp = run(tmp_path / "comp", "--schedule", schedule, "--hidden", "256", "--steps", "6", "--spec", spec)
