@@ -14,7 +14,7 @@ Three ways in, all with the same spec grammar (`pp_compress.parse_spec`):
                                                 model_parameters=pipe_module.parameters())
        engine.train_batch(data_iter)
        engine.pp_compress_stats()    # per boundary and direction: raw / wire bytes, ratio, relative error
-       ppd.finish()                  # barrier, tear the process group down, exit 0
+       ppd.finish()                  # barrier, remove DeepSpeed's /dev/shm buffers, tear the process group down, exit 0
 
 2. `enable()`, one line for Megatron-DeepSpeed or any script that calls `deepspeed.initialize` itself: a pipeline
    whose DeepSpeed config has a "pp_compress" section gets the compressed engine; everything else runs stock.
@@ -32,8 +32,8 @@ The engine also saves and loads its compression state with DeepSpeed checkpoints
 runs the same config, and logs its statistics every `steps_per_print` steps. Only
 `pp_compress/integrations/deepspeed.py` imports deepspeed; this module is its public face.
 """
-from .integrations.deepspeed import CompressedPipelineEngine, add_argparse_args, disable, enable, initialize
-from .runtime import check_args, finish, resolve_config
+from .integrations.deepspeed import CompressedPipelineEngine, add_argparse_args, disable, enable, finish, initialize
+from .runtime import check_args, resolve_config
 
 __all__ = ["CompressedPipelineEngine", "add_argparse_args", "check_args", "disable", "enable", "finish", "initialize",
            "resolve_config"]

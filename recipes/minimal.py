@@ -40,4 +40,4 @@ for step in range(args.steps):
 print(engine.pp_compress_report())  # bytes on the wire per boundary and direction, ratio, relative error
 if engine.is_last_stage():
     print(f"loss {float(loss):.4f}")
-ppd.finish()  # barrier, tear the process group down, exit 0
+ppd.finish()  # barrier, remove DeepSpeed's /dev/shm buffers, tear the process group down, exit 0

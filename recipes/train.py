@@ -82,8 +82,9 @@ def init_distributed() -> None:
 
 
 def finish() -> None:
-    """Leave cleanly (pp_compress.runtime.finish): barrier, tear the process groups down, exit 0."""
-    from pp_compress.runtime import finish as leave
+    """Leave cleanly (pp_compress.deepspeed.finish): barrier, remove DeepSpeed's shared-memory buffers, tear the
+    process groups down, exit 0."""
+    from pp_compress.deepspeed import finish as leave
 
     leave()
 

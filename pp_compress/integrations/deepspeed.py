@@ -10,7 +10,9 @@ Only this file imports deepspeed. What it relies on (DeepSpeed 0.19.8, see READM
 - the uncompressed activation meta (shape, dtype) is still exchanged once by DeepSpeed's own
   handshake, and both sides derive the payload layout from it; receive buffers are our own;
 - `client_state` is written per stage by data-parallel rank 0 only, so compression state goes to a
-  file per global rank next to the checkpoint.
+  file per global rank next to the checkpoint;
+- on CPU, DeepSpeed's communication op creates a shared-memory allreduce buffer per rank
+  (/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>, 69 MB) and never removes it: `finish` does.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from deepspeed.runtime.pipe.module import PipelineModule
 from deepspeed.runtime.utils import PartitionedTensor
 from deepspeed.utils import logger
 
+from .. import runtime
 from ..config import CompressionConfig
 from ..ops.base import TensorSpec
 from ..pipe import StageCompression, View, sample_ids_of
@@ -368,6 +371,29 @@ def notice(key: str, message: str) -> None:
     if key not in _NOTICED:
         _NOTICED.add(key)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+SHM_BUFFER = "deepspeed_allreduce_buffer"
+"""The name prefix of DeepSpeed's CPU shared-memory allreduce buffers (deepspeed/ops/csrc/cpu/comm/shm.cpp)."""
+
+
+def shm_buffer(rank: int) -> str:
+    """The path of one rank's allreduce buffer for this job (its MASTER_ADDR and MASTER_PORT)."""
+    return (f"/dev/shm/{SHM_BUFFER}_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+            f"{os.environ.get('MASTER_PORT', '')}_{rank}")
+
+
+def finish(status: int = 0) -> Any:
+    """`pp_compress.runtime.finish` for DeepSpeed jobs: after a barrier (every rank mapped every buffer when the
+    process group started), unlink this rank's shared-memory allreduce buffer, which DeepSpeed leaves in /dev/shm
+    otherwise: 69 MB per rank and run, until the machine's shared memory is full. Mappings outlive the name."""
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        try:
+            os.unlink(shm_buffer(torch.distributed.get_rank()))
+        except FileNotFoundError:  # no shm op (GPU, or ranks on several machines): nothing was created
+            pass
+    runtime.finish(status)
 
 
 def disable() -> None:

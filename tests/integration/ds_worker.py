@@ -183,6 +183,4 @@ if args.eval_options:
     result["eval_nobcast"] = None if out is None else [float(torch.as_tensor(o).double().sum()) for o in out]
 with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
-dist.barrier()
-dist.destroy_process_group()  # before exit: gloo threads can otherwise abort the rank (SIGABRT)
-os._exit(0)  # and no C++ finalizers: with tensor parallelism's extra groups they still aborted once (see recipes/train.py)
+ppd.finish()  # barrier, DeepSpeed's /dev/shm buffers removed, process group down, os._exit(0) (no C++ finalizers)
