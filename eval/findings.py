@@ -20,10 +20,11 @@ class Findings:
     """The paper's six findings (../shared/RESEARCH.md), each judged from the runs by an explicit rule."""
 
     def __init__(self, runs: dict[str, dict], regime: Literal["pretraining", "finetuning"] = "pretraining",
-                 aqsgd_pair: tuple[str, str] = ("topk0.1", "topk0.1+aqsgd")) -> None:
-        """`runs` by the pretraining study's names (`finetuning_runs` renames the finetuning ones); `aqsgd_pair`: the
-        TopK run and its AQ-SGD twin that finding 5 compares (multi-epoch runs in the finetuning regime)."""
-        self.runs, self.regime, self.aqsgd_pair = runs, regime, aqsgd_pair
+                 aqsgd_runs: tuple[str, str, str] = ("base", "topk0.1", "topk0.1+aqsgd")) -> None:
+        """`runs` by the pretraining study's names (`finetuning_runs` renames the finetuning ones); `aqsgd_runs`: the
+        uncompressed run, the TopK run and its AQ-SGD twin that finding 5 compares (multi-epoch runs, with their own
+        baseline, in the finetuning regime)."""
+        self.runs, self.regime, self.aqsgd_runs = runs, regime, aqsgd_runs
         base, other = runs.get("base"), runs.get("base-seed1")
         self.base = base["val_loss"] if base else math.nan
         # Seed-to-seed spread of the baseline; "no loss" = frontier.tolerance (twice that, at least 0.02 nats)
@@ -120,12 +121,14 @@ class Findings:
         return verdict, f"{self.regime.capitalize()}, {text}"
 
     def f5(self) -> tuple[str, str]:
-        plain_topk, aqsgd = self.aqsgd_pair
+        base, plain_topk, aqsgd = self.aqsgd_runs
         if aqsgd not in self.runs or plain_topk not in self.runs:
             return "not measured", ""
         r = self.runs[aqsgd]
-        gain = self.d(plain_topk) - self.d(aqsgd)  # the baseline cancels: the pair shares its protocol
-        text = f"{self.fmt(aqsgd)} vs {self.fmt(plain_topk)} (AQ-SGD gain {gain:+.3f}), wire ratio {r['ratio']:.2f}x."
+        ref = self.runs[base]["val_loss"] if base in self.runs else self.base  # the pair's own protocol's baseline
+        fmt = lambda n: f"{n} {self.runs[n]['val_loss'] - ref:+.3f}"  # noqa: E731
+        gain = self.runs[plain_topk]["val_loss"] - r["val_loss"]
+        text = f"{fmt(aqsgd)} vs {fmt(plain_topk)} (vs {base}; AQ-SGD gain {gain:+.3f}), wire ratio {r['ratio']:.2f}x."
         if r["ratio"] < 1.05:
             plain = r.get("val_loss_plain_inference", math.nan)
             return "not testable in one epoch", text + (
@@ -168,15 +171,15 @@ COLUMNS = ("small GPT pretraining, 120 steps", "small GPT pretraining, 1,000 ste
 
 def finetuning_runs(ft: dict[str, dict], ftep: dict[str, dict]) -> dict[str, dict]:
     """The SmolLM2 finetuning runs under the pretraining study's names, so the same rules judge them: the 40-step
-    runs (`ft-<name>` is `<name>`) and, for finding 5, the multi-epoch TopK pair as `ep-topk0.1` / `ep-topk0.1+aqsgd`
-    (AQ-SGD compresses only what a sample sends again)."""
+    runs (`ft-<name>` is `<name>`) and, for finding 5, the multi-epoch TopK pair and its baseline as `ep-topk0.1`,
+    `ep-topk0.1+aqsgd`, `ep-base` (AQ-SGD compresses only what a sample sends again)."""
     out = {n.removeprefix("ft-"): r for n, r in ft.items() if n in FINETUNE}
-    out.update({n.removeprefix("ft-"): r for n, r in ftep.items() if n in FT_EPOCHS and "topk" in n})
+    out.update({n.removeprefix("ft-"): r for n, r in ftep.items() if n in ("ft-ep-base", "ft-ep-topk0.1", "ft-ep-topk0.1+aqsgd")})
     return out
 
 
 def finetuning(ft: dict[str, dict], ftep: dict[str, dict]) -> Findings:
-    return Findings(finetuning_runs(ft, ftep), "finetuning", ("ep-topk0.1", "ep-topk0.1+aqsgd"))
+    return Findings(finetuning_runs(ft, ftep), "finetuning", ("ep-base", "ep-topk0.1", "ep-topk0.1+aqsgd"))
 
 
 def verdicts(*columns: Findings) -> list[str]:
