@@ -151,7 +151,8 @@ class Testbed:
     results: str
     """Its folder under eval/results/."""
     parity: tuple[str, ...] = ("parity.json",)
-    """Its lm-eval reports (eval/parity.py) under the results folder; the most documents per metric decide."""
+    """Its lm-eval reports (eval/parity.py) under the results folder, as glob patterns; the most documents per metric
+    decide."""
     serving: str | None = None
     """The compression the lm-eval verdicts were served with (None: the run's own, as each report says)."""
 
@@ -160,9 +161,7 @@ TESTBEDS = {"long": Testbed("small GPT", LONG, "base", "base-seed1", "long"),
             # lm-eval on the trained checkpoints served uncompressed: what training with compression did to the model
             # (the loss rule already validates through the run's own compression); all documents of the tasks that
             # 40 could not decide, 40 of the others
-            "smollm2": Testbed("SmolLM2-135M", SMOLLM2, "sm-base", "sm-base-seed1", "smollm2",
-                               ("parity_trained.json", "parity_trained_full.json", "parity_int8rot.json",
-                                "parity_int8rot_full.json"), "none")}
+            "smollm2": Testbed("SmolLM2-135M", SMOLLM2, "sm-base", "sm-base-seed1", "smollm2", ("parity_*.json",), "none")}
 
 
 def frontier(runs: dict[str, dict[str, Any]], e2e: list[dict[str, dict[str, dict[str, Any]]]], verdicts: dict[str, str],
@@ -317,7 +316,7 @@ def build(results: Path, e2e: list[Path], out: Path, testbed: Testbed = TESTBEDS
     missing = [str(p) for p in e2e if not p.exists()]
     if missing:
         raise SystemExit(f"no step times in {', '.join(missing)}: run benchmarks/e2e.py (its command heads each .md)")
-    verdicts = lm_eval_verdicts([results / p for p in testbed.parity], testbed.serving)
+    verdicts = lm_eval_verdicts([p for pattern in testbed.parity for p in sorted(results.glob(pattern))], testbed.serving)
     rows = frontier(runs, [load_e2e(p) for p in e2e], verdicts, testbed)
     kept = [r for r in json.loads(out.read_text()) if r.get("model", "small GPT") != testbed.model] if out.exists() else []
     every = kept + rows
