@@ -102,8 +102,8 @@ def test_headline_is_the_fewest_bits_at_parity_on_both_rules(monkeypatch):
 
 
 def test_presets_follow_the_committed_frontier():
-    """`safe` is the committed frontier's fewest-bits setting at parity on both rules on the real model (SmolLM2-135M);
-    `aggressive` has fewer bits."""
+    """`safe` is the committed frontier's fewest-bits setting at parity on both rules on the real model (SmolLM2-135M)
+    with a margin: its loss delta within half the tolerance; `aggressive` has fewer bits."""
     import json
 
     import pp_compress as ppc
@@ -111,7 +111,7 @@ def test_presets_follow_the_committed_frontier():
 
     rows = json.loads((fr.RESULTS / "frontier.json").read_text())
     parity = sorted((r for r in rows if r.get("model") == "SmolLM2-135M" and r["wire_ratio"] > 1.01 and fr.at_parity(r)
-                     and not r["options"]), key=lambda r: r["bits_avg"])
+                     and not r["options"] and r["delta"] <= r["tolerance"] / 2), key=lambda r: r["bits_avg"])
     assert parity, "no compressed setting at parity on SmolLM2-135M in eval/results/frontier.json"
     assert ppc.parse_spec(PRESETS["safe"]) == ppc.parse_spec(parity[0]["spec"])
     aggressive = [r for r in rows if ppc.parse_spec(r["spec"]) == ppc.parse_spec(PRESETS["aggressive"]) and not r["options"]]
