@@ -32,6 +32,16 @@ class Dims(NamedTuple):
     """Values per row sent exactly: min(k, d)."""
 
 
+def check(op: str, size: int, pivots: int, rot: bool, multiple_of: int = 1) -> None:
+    """ValueError naming `op` and the accepted values where the tiling options cannot work: a tile of at least 2
+    channels that `multiple_of` divides, a power of two where the Hadamard rotation runs, 0..MAX_PIVOTS pivots."""
+    if size < 2 or size % multiple_of or (rot and size & (size - 1)):
+        by = f" that {multiple_of} divides" if multiple_of > 1 else ""
+        raise ValueError(f"{op} size={size}; accepted: an integer >= 2{by}, a power of two with rotation")
+    if not 0 <= pivots <= MAX_PIVOTS:
+        raise ValueError(f"{op} pivots={pivots}; accepted: 0..{MAX_PIVOTS}")
+
+
 def dims(shape: tuple[int, ...], size: int, pivots: int, where: str, spec: str) -> Dims:
     """The tiling of a tensor of `shape`; ValueError where its rows are too long for int16 positions."""
     d = shape[-1] if shape else 1

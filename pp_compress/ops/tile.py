@@ -77,10 +77,7 @@ class TileQuantConfig(OpConfig):
             raise ValueError(f"tile lo={self.lo} > hi={self.hi}; accepted: lo <= hi")
         if not self.lo <= self.avg <= self.hi:
             raise ValueError(f"tile avg={self.avg} bits is outside [lo, hi] = [{self.lo}, {self.hi}]; set lo/hi around it")
-        if self.size < 2 or (self.rot and self.size & (self.size - 1)):
-            raise ValueError(f"tile size={self.size}; accepted: an integer >= 2, a power of two with rotation")
-        if not 0 <= self.pivots <= pivoted.MAX_PIVOTS:
-            raise ValueError(f"tile pivots={self.pivots}; accepted: 0..{pivoted.MAX_PIVOTS}")
+        pivoted.check("tile", self.size, self.pivots, self.rot)
         check_scale(self.scale)
         check_kernel(self.kernel)
 

@@ -75,11 +75,7 @@ class VectorQuantConfig(OpConfig):
             accepted = ", ".join(f"{b / self.dim:g}" for b in CODE_BITS)
             raise ValueError(f"vq bits={self.bits:g} with dim={self.dim} gives {code:g}-bit codes; accepted bits for "
                              f"dim {self.dim}: {accepted}")
-        if self.size < 2 or self.size % self.dim or (self.rot and self.size & (self.size - 1)):
-            raise ValueError(f"vq size={self.size}; accepted: an integer >= 2 that dim={self.dim} divides, a power of "
-                             "two with rotation")
-        if not 0 <= self.pivots <= pivoted.MAX_PIVOTS:
-            raise ValueError(f"vq pivots={self.pivots}; accepted: 0..{pivoted.MAX_PIVOTS}")
+        pivoted.check("vq", self.size, self.pivots, self.rot, multiple_of=self.dim)
         check_scale(self.scale)
         check_kernel(self.kernel)
 
