@@ -15,16 +15,18 @@ one-way latency is added by the sending process before each pipeline message (be
 Where namespaces are not permitted (not root, no `ip`), the script says so and emulates the whole link
 in-process (sleep per message); every row then says "emulated".
 
-Runs. For each link, for each spec: `recipes/pretrain.py --stages N --model small` for --steps steps
-(micro-batch 4 x seq 128, 4 micro-batches per step, fp32), all in this one invocation so the runs compare
+Runs. For each link, for each spec: `recipes/pretrain.py --stages N --model small` (or, with `--recipe finetune`,
+SmolLM2-135M through `recipes/finetune.py`) for --steps steps (by default micro-batch 4 x seq 128, 4 micro-batches
+per step, fp32), all in this one invocation so the runs compare
 side by side. Step time is the mean of each run's steps after the first two (start-up); tokens/s
 follows from it; speedup is uncompressed step time / this step time on the same link. Wire bytes per
 step are pp_compress's counters (all boundaries, both directions).
 
-Embeddings are untied (`pretrain.py --untied`) so that the links carry the pipeline's traffic only. With
+Embeddings are untied (`--untied`) so that the links carry the pipeline's traffic only. With
 `--tied`, DeepSpeed also all-reduces the embedding's gradient between the first and the last stage every
 step (8192 x 192 fp32 = 6.3 MB for the small GPT, twice the uncompressed activation traffic of a step),
-which no pipeline compression touches: benchmarks/results/e2e_tied.md shows that run.
+which no pipeline compression touches: benchmarks/results/e2e_tied.md shows that run. For SmolLM2 that all-reduce
+is 49152 x 576 fp32 = 113 MB a step, 4x its uncompressed pipeline traffic at 4 stages.
 """
 from __future__ import annotations
 
@@ -53,6 +55,8 @@ SPECS = ["none", "int8", "int4", "topk:0.1+ef", "act=int4,grad=int8"]
 LINKS = {"none": (0.0, 0.0), "10gbit": (10_000.0, 0.05), "1gbit": (1_000.0, 0.1), "100mbit": (100.0, 1.0),
          "25mbit": (25.0, 10.0)}
 SUBNET = "198.18.0"
+RECIPES = {"pretrain": "`{model}` GPT", "finetune": "SmolLM2-135M (recipes/finetune.py)"}
+"""recipes/<name>.py -> what the result file calls its model."""
 
 
 def parse_link(text: str) -> tuple[str, float, float]:
@@ -184,19 +188,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--link", type=parse_link, action="append", default=None, help=f"default: {', '.join(LINKS)}")
     ap.add_argument("--spec", action="append", default=None,
-                    help=f"--pp-compress values, optionally followed by this run's own pretrain.py options, e.g. "
+                    help=f"--pp-compress values, optionally followed by this run's own recipe options, e.g. "
                          f"'int8 --subspace 12'; default: {SPECS}")
     ap.add_argument("--stages", type=int, default=2)
-    ap.add_argument("--model", default="small")
+    ap.add_argument("--recipe", default="pretrain", choices=list(RECIPES),
+                    help="pretrain: the recipe GPT of --model; finetune: SmolLM2-135M (`make models`, or --checkpoint "
+                         "after --), with the real model's compute per step")
+    ap.add_argument("--model", default=None, help="pretrain's GPT preset (default: small)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--tied", action="store_true", help="tied embeddings (adds the embedding-gradient all-reduce to the links)")
     ap.add_argument("--emulate", action="store_true", help="in-process link emulation even where namespaces work")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "e2e")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "e2e")
-    ap.add_argument("recipe_args", nargs=argparse.REMAINDER, help="after --: more pretrain.py options (e.g. --corpus fixture)")
+    ap.add_argument("recipe_args", nargs=argparse.REMAINDER, help="after --: more options of the recipe (e.g. --corpus fixture)")
     args = ap.parse_args()
     extra = args.recipe_args[1:] if args.recipe_args[:1] == ["--"] else args.recipe_args
-    corpus = extra[extra.index("--corpus") + 1] if "--corpus" in extra else "shakespeare"
+    if args.recipe == "finetune" and args.model:
+        raise SystemExit(f"--model {args.model}: the finetune recipe's model is its checkpoint (--checkpoint after --)")
+    corpus_flag, corpus_default = ("--corpus", "shakespeare") if args.recipe == "pretrain" else ("--data", "austen")
+    corpus = extra[extra.index(corpus_flag) + 1] if corpus_flag in extra else corpus_default
     links = args.link or [parse_link(k) for k in LINKS]
     specs = args.spec or SPECS
     why_not = "--emulate given" if args.emulate else netns_permitted()
@@ -205,7 +215,8 @@ def main() -> None:
         print(f"WARNING: network namespaces not used ({why_not}): links are EMULATED in-process "
               "(the sender sleeps latency + bytes/rate per message); results are labelled 'emulated'", flush=True)
     subprocess.run([sys.executable, str(ROOT / "recipes" / "data.py"), "fetch", corpus], check=True)  # no net in a netns
-    recipe = [*extra, "--stages", str(args.stages), "--model", args.model, "--steps", str(args.steps), "--log-every", "1",
+    model = ["--model", args.model or "small"] if args.recipe == "pretrain" else []
+    recipe = [*extra, "--stages", str(args.stages), *model, "--steps", str(args.steps), "--log-every", "1",
               "--eval-every", "0", "--eval-batches", "1", "--overwrite", *([] if args.tied else ["--untied"])]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     results: list[dict] = []
@@ -215,11 +226,13 @@ def main() -> None:
             compress, *own = spec.split()  # 'int8 --subspace 12': a spec, then options of this run only
             rargs = [*recipe, *own, "--pp-compress", compress, "--out", str(out)]
             t0 = time.perf_counter()
-            rc, log = run_throttled(ns, args.stages, ROOT / "recipes" / "pretrain.py", rargs, lenv, 1800)
+            rc, log = run_throttled(ns, args.stages, ROOT / "recipes" / f"{args.recipe}.py", rargs, lenv, 3600)
             if rc != 0:
                 raise SystemExit(f"link {name}, spec {spec}: exit {rc}\n{log[-4000:]}")
             rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-            r = {"mode": mode, "link": name, "rate_mbit": rate, "latency_ms": latency, "spec": spec, **measure(rows, out)}
+            a = json.loads((out / "run.json").read_text())["args"]
+            r = {"mode": mode, "link": name, "rate_mbit": rate, "latency_ms": latency, "spec": spec, **measure(rows, out),
+                 "batch": f"micro-batch {a['micro_batch']} x seq {a['seq_len']}, {a['grad_accum']} micro-batches per step"}
             base = next((b for b in results if b["link"] == name and b["spec"] == "none"), None)
             r["speedup"] = base["step_s"] / r["step_s"] if base else None
             results.append(r)
@@ -239,7 +252,8 @@ def write(results: list[dict], args: argparse.Namespace, mode: str) -> None:
            "by the sender (no netem in this kernel)") if mode == "netns+tbf" else \
         "EMULATED in-process: the sender sleeps latency + bytes/rate before each message"
     command = shlex.join(["python", "benchmarks/e2e.py", *sys.argv[1:]])
-    lines = [f"Command: `{command}`", "", f"`{args.model}` GPT, {args.stages} stages, micro-batch 4 x seq 128, 4 micro-batches per step, fp32, "
+    model = RECIPES[args.recipe].format(model=args.model or "small")
+    lines = [f"Command: `{command}`", "", f"{model}, {args.stages} stages, {results[0]['batch']}, fp32, "
              f"CPU/gloo, {args.steps} steps per run (mean of steps 3..{args.steps}); links: {how}."
              + (" Tied embeddings: the links also carry the embedding-gradient all-reduce between the first and last "
                 "stage each step (not counted in wire MB)." if args.tied else " Untied embeddings: the links carry pipeline "

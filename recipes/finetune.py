@@ -11,6 +11,7 @@ layers' weights from the checkpoint's safetensors. Logs and checkpoints as in re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import torch
@@ -37,6 +38,8 @@ def main() -> None:
     train.init_distributed()
     ckpt = args.checkpoint or train.rank0_first(convert)
     cfg = GPTConfig.from_hf(ckpt)
+    if args.untied:
+        cfg = dataclasses.replace(cfg, tie_embeddings=False)
     tok = data.load_tokenizer(args.tokenizer or str(ckpt))
     if len(tok) > cfg.vocab_size:
         raise SystemExit(f"tokenizer has {len(tok)} tokens but {ckpt} has vocab_size {cfg.vocab_size}")

@@ -384,11 +384,15 @@ class Head(_Loadable):
         self.out = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if self.out is not None:
             nn.init.normal_(self.out.weight, std=cfg.init_std)
+        self.head_name = "lm_head.weight"
+        """The checkpoint tensor an untied head loads: a tied checkpoint has none, so it starts as the embedding."""
         if checkpoint is not None:
+            hf = json.loads((Path(checkpoint) / "config.json").read_text())
+            self.head_name = "model.embed_tokens.weight" if hf.get("tie_word_embeddings") else self.head_name
             self.load_hf(checkpoint)
 
     def hf_names(self) -> dict[str, str]:
-        return {"norm.weight": "model.norm.weight", **({} if self.out is None else {"out.weight": "lm_head.weight"})}
+        return {"norm.weight": "model.norm.weight", **({} if self.out is None else {"out.weight": self.head_name})}
 
     def forward(self, x: Flow) -> Tensor:
         h, _ = _split(x)

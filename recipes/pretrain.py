@@ -29,9 +29,6 @@ def main() -> None:
     ap.add_argument("--val-fraction", type=float, default=data.VAL_FRACTION)
     ap.add_argument("--tokenizer", default="bpe8192",
                     help="bpe<N>: a byte-level BPE of N tokens trained on the corpus (cached); gpt2; or a tokenizer folder")
-    ap.add_argument("--untied", action="store_true",
-                    help="an output head of its own instead of the embedding's transpose: no gradient all-reduce of the "
-                         "embedding between the first and the last stage each step")
     ap.add_argument("--subspace", default=None, metavar="K|auto",
                     help="subspace pipeline (Protocol Models): residual writes in a fixed k-dim subspace, so stages "
                          "exchange k coordinates + token ids instead of d values; auto = d_model / 16")

@@ -40,6 +40,10 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
                     "> 1 sends [seq, batch, hidden] between stages, and DeepSpeed partitions it over the TP ranks "
                     "unless the config's pipeline.pipe_partitioned is false")
     ap.add_argument("--sbh", action="store_true", help="[seq, batch, hidden] between stages also with --tp 1")
+    ap.add_argument("--untied", action="store_true",
+                    help="an output head of its own instead of the embedding's transpose: no gradient all-reduce of the "
+                         "embedding between the first and the last stage each step (from a tied checkpoint the head "
+                         "starts as a copy of the embedding)")
     ap.add_argument("--steps", type=int, default=steps, help="optimizer steps")
     ap.add_argument("--micro-batch", type=int, default=4, help="sequences per micro-batch")
     ap.add_argument("--grad-accum", type=int, default=4, help="micro-batches per step and replica")

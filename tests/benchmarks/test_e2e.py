@@ -41,7 +41,15 @@ def test_compressed_run_over_a_rate_limited_link(tmp_path):
     assert none["act_wire"] + none["grad_wire"] == none["raw"]
     assert 3.5 < none["raw"] / (int8["act_wire"] + int8["grad_wire"]) < 4.0
     assert float(rows[1]["speedup"]) > 0 and out.with_suffix(".png").exists()
-    assert "Untied embeddings: the links carry pipeline traffic only" in out.with_suffix(".md").read_text()
+    md = out.with_suffix(".md").read_text()
+    assert "Untied embeddings: the links carry pipeline traffic only" in md
+    assert "`tiny` GPT, 2 stages, micro-batch 2 x seq 32, 4 micro-batches per step" in md
     assert json.loads((tmp_path / "runs" / "25mbit_none" / "run.json").read_text())["model"]["tie_embeddings"] is False
     leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout if netns_permitted() is None else ""
     assert "ppcb" not in leftover  # namespaces torn down
+
+
+def test_the_finetune_recipe_takes_no_model_preset(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/e2e.py"), "--recipe", "finetune", "--model", "tiny",
+                        "--work", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--model tiny: the finetune recipe's model is its checkpoint" in r.stderr

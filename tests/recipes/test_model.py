@@ -36,6 +36,21 @@ def test_llama_checkpoint_gives_the_same_logits(tmp_path, tie, bias):
         torch.testing.assert_close(ours(ids), theirs(ids).logits, rtol=1e-5, atol=1e-5)
 
 
+def test_untied_head_from_a_tied_checkpoint_starts_as_the_embedding(tmp_path):
+    """--untied on a tied checkpoint: a head of its own (its gradient no longer all-reduced across stages) that
+    computes the same logits at step 0."""
+    import dataclasses
+
+    path = _tiny_llama(tmp_path, tie=True)
+    cfg = GPTConfig.from_hf(path)
+    tied, untied = GPT(cfg, path).eval(), GPT(dataclasses.replace(cfg, tie_embeddings=False), path).eval()
+    head = [p for n, p in untied.named_parameters() if n.endswith("out.weight")]
+    assert len(head) == 1 and head[0].data_ptr() != untied.layers[0].weight.data_ptr()
+    ids = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(tied(ids), untied(ids))
+
+
 @pytest.mark.skipif(not (DEFAULT_OUT / "config.json").exists(), reason="SmolLM2 not converted (make models)")
 def test_smollm2_logits_match_transformers():
     cfg = GPTConfig.from_hf(DEFAULT_OUT)
