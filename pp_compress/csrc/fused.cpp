@@ -140,9 +140,21 @@ inline float noise_uniform(uint64_t key, uint64_t i) {
 
 int64_t rows_per_task(int64_t size) { return std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(size, 1)); }
 
-// The row as fp32 (x itself when it is fp32, else converted into `buf`) and its max |x|: the largest bit pattern
-// without the sign bit (the order of non-negative floats), an integer reduction the compiler vectorizes (a float max
-// reduction it would not, without fast-math)
+// max |x| of an fp32 row: the largest bit pattern without the sign bit (the order of non-negative floats), an integer
+// reduction the compiler vectorizes (a float max reduction it would not, without fast-math)
+inline float absmax(const float* row, int64_t size) {
+  uint32_t top = 0;
+  for (int64_t i = 0; i < size; ++i) {
+    uint32_t b;
+    std::memcpy(&b, row + i, 4);
+    top = std::max(top, b & 0x7fffffffu);
+  }
+  float amax;
+  std::memcpy(&amax, &top, 4);
+  return amax;
+}
+
+// The row as fp32 (x itself when it is fp32, else converted into `buf`) and its max |x|
 template <typename scalar_t> inline const float* load_absmax(const scalar_t* r, int64_t size, float* buf, float* amax) {
   const float* row = buf;
   if constexpr (std::is_same_v<scalar_t, float>) {
@@ -150,13 +162,7 @@ template <typename scalar_t> inline const float* load_absmax(const scalar_t* r, 
   } else {
     to_float_row(r, size, buf);
   }
-  uint32_t top = 0;
-  for (int64_t i = 0; i < size; ++i) {
-    uint32_t b;
-    std::memcpy(&b, row + i, 4);
-    top = std::max(top, b & 0x7fffffffu);
-  }
-  std::memcpy(amax, &top, 4);
+  *amax = absmax(row, size);
   return row;
 }
 
@@ -276,6 +282,65 @@ inline int64_t nf_search(const float* row, int64_t size, __m512 vinv, const Sear
 }
 #endif
 
+// One group of sym_encode from its fp32 values `row` and their max |x|: the scale (rounded to the scale dtype), the
+// rounding to nearest, or stochastic with the uniform of element g * size + i under `key`, the packing. `q` holds
+// size codes.
+inline void encode_group(const float* row, float amax, int64_t g, int64_t size, int64_t bits, int64_t sdt, bool stoch,
+                         uint64_t key, uint8_t* q, uint8_t* out, float* sc) {
+  const int64_t top = (1 << (bits - 1)) - 1;
+  const float s = round_scale(amax / static_cast<float>(top), static_cast<int>(sdt));
+  sc[g] = s;
+  // m: (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| < 2**22 half to even, as torch.round does, and vectorizes
+  // without SSE4.1's roundps; this file is built without fast-math, so the compiler keeps both operations
+  const float safe = s > 0.f ? s : 1.f, m = 12582912.0f;
+  if (stoch) {  // clamp(floor(q + u), -L, L): floor(q + u) may reach L + 1 through fp32 rounding of the sum
+    // floor as truncation minus one below zero, on a value clamped first to [-L - 1, L]: the same integer as
+    // the reference's, in operations the compiler vectorizes (std::floor it would not, without fast-math)
+    const float lim = static_cast<float>(top);
+    const int32_t itop = static_cast<int32_t>(top);
+    const uint64_t base = static_cast<uint64_t>(g) * static_cast<uint64_t>(size);
+    for (int64_t i = 0; i < size; ++i) {
+      const float v = std::min(lim, std::max(-lim - 1.f, row[i] / safe + noise_uniform(key, base + i)));
+      int32_t t = static_cast<int32_t>(v);
+      t -= static_cast<float>(t) > v ? 1 : 0;
+      q[i] = static_cast<uint8_t>(std::max(-itop, t) + itop);
+    }
+    if (bits == 8) {
+      int8_t* o = reinterpret_cast<int8_t*>(out + g * size);
+      for (int64_t i = 0; i < size; ++i) o[i] = static_cast<int8_t>(static_cast<int32_t>(q[i]) - top);
+    } else {
+      pack_row(q, size, bits, out + g * size * bits / 8);
+    }
+  } else if (bits == 8) {
+    int8_t* o = reinterpret_cast<int8_t*>(out + g * size);
+    for (int64_t i = 0; i < size; ++i) o[i] = static_cast<int8_t>(static_cast<int32_t>((row[i] / safe + m) - m));
+  } else {
+    const float off = static_cast<float>(top);
+    for (int64_t i = 0; i < size; ++i) q[i] = static_cast<uint8_t>(static_cast<int32_t>((row[i] / safe + m) - m + off));
+    pack_row(q, size, bits, out + g * size * bits / 8);
+  }
+}
+
+// One group of sym_decode: the codes of group g times its scale s, in the output dtype. `q` holds size codes, `buf`
+// size floats (16-bit outputs of int8), `tab` 128 floats.
+template <typename scalar_t>
+inline void decode_group(const uint8_t* in, int64_t g, int64_t size, int64_t bits, float s, uint8_t* q, float* buf,
+                         float* tab, scalar_t* o) {
+  if (bits == 8) {
+    const int8_t* c = reinterpret_cast<const int8_t*>(in + g * size);
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      for (int64_t i = 0; i < size; ++i) o[i] = static_cast<float>(c[i]) * s;
+    } else {
+      for (int64_t i = 0; i < size; ++i) buf[i] = static_cast<float>(c[i]) * s;
+      from_float_row(buf, size, o);
+    }
+  } else {
+    unpack_row(in + g * size * bits / 8, size, bits, q);
+    const float off = static_cast<float>((1 << (bits - 1)) - 1);
+    for (int c = 0; c < (1 << bits); ++c) tab[c] = (static_cast<float>(c) - off) * s;
+    Lookup<scalar_t>::row(q, size, static_cast<int>(bits), tab, o);
+  }
+}
 }  // namespace
 
 // Symmetric int<bits> per group: x (groups, size) contiguous -> (codes packed, scales in sdt as fp32). Rounds to
@@ -283,7 +348,7 @@ inline int64_t nf_search(const float* row, int64_t size, __m512 vinv, const Sear
 // counter-based uniform of the element's index in x (ops/noise.py: the reference's draws, computed here in place).
 std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt, c10::optional<int64_t> noise_key) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "sym_encode: a contiguous 2-D CPU tensor");
-  const int64_t groups = x.size(0), size = x.size(1), top = (1 << (bits - 1)) - 1;
+  const int64_t groups = x.size(0), size = x.size(1);
   TORCH_CHECK(size % 8 == 0 || groups <= 1, "sym_encode: rows of a multiple of 8 codes");
   auto codes = torch::empty({(groups * size * bits + 7) / 8}, x.options().dtype(torch::kUInt8));
   auto scales = torch::empty({groups}, x.options().dtype(torch::kFloat));
@@ -295,42 +360,11 @@ std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt
     const scalar_t* xp = x.data_ptr<scalar_t>();
     at::parallel_for(0, groups, rows_per_task(size), [&](int64_t lo, int64_t hi) {
       std::vector<float> buf(std::is_same_v<scalar_t, float> ? 0 : size);
-      std::vector<uint8_t> q(bits == 8 && !stoch ? 0 : size);
+      std::vector<uint8_t> q(size);
       for (int64_t g = lo; g < hi; ++g) {
         float amax;
         const float* row = load_absmax(xp + g * size, size, buf.data(), &amax);
-        const float s = round_scale(amax / static_cast<float>(top), static_cast<int>(sdt));
-        sc[g] = s;
-        // m: (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| < 2**22 half to even, as torch.round does, and vectorizes
-        // without SSE4.1's roundps; this file is built without fast-math, so the compiler keeps both operations
-        const float safe = s > 0.f ? s : 1.f, m = 12582912.0f;
-        if (stoch) {  // clamp(floor(q + u), -L, L): floor(q + u) may reach L + 1 through fp32 rounding of the sum
-          // floor as truncation minus one below zero, on a value clamped first to [-L - 1, L]: the same integer as
-          // the reference's, in operations the compiler vectorizes (std::floor it would not, without fast-math)
-          const float lim = static_cast<float>(top);
-          const int32_t itop = static_cast<int32_t>(top);
-          const uint64_t base = static_cast<uint64_t>(g) * static_cast<uint64_t>(size);
-          for (int64_t i = 0; i < size; ++i) {
-            const float v = std::min(lim, std::max(-lim - 1.f, row[i] / safe + noise_uniform(key, base + i)));
-            int32_t t = static_cast<int32_t>(v);
-            t -= static_cast<float>(t) > v ? 1 : 0;
-            q[i] = static_cast<uint8_t>(std::max(-itop, t) + itop);
-          }
-          if (bits == 8) {
-            int8_t* o = reinterpret_cast<int8_t*>(out + g * size);
-            for (int64_t i = 0; i < size; ++i) o[i] = static_cast<int8_t>(static_cast<int32_t>(q[i]) - top);
-          } else {
-            pack_row(q.data(), size, bits, out + g * size * bits / 8);
-          }
-        } else if (bits == 8) {
-          int8_t* o = reinterpret_cast<int8_t*>(out + g * size);
-          for (int64_t i = 0; i < size; ++i) o[i] = static_cast<int8_t>(static_cast<int32_t>((row[i] / safe + m) - m));
-        } else {
-          const float off = static_cast<float>(top);
-          for (int64_t i = 0; i < size; ++i)
-            q[i] = static_cast<uint8_t>(static_cast<int32_t>((row[i] / safe + m) - m + off));
-          pack_row(q.data(), size, bits, out + g * size * bits / 8);
-        }
+        encode_group(row, amax, g, size, bits, sdt, stoch, key, q.data(), out, sc);
       }
     });
   });
@@ -339,34 +373,17 @@ std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt
 
 // Inverse of sym_encode: packed codes + fp32 scales (groups,) -> (groups, size) in `like`'s dtype
 torch::Tensor sym_decode(torch::Tensor codes, torch::Tensor scales, int64_t bits, int64_t size, torch::Tensor like) {
-  const int64_t groups = scales.size(0), top = (1 << (bits - 1)) - 1;
+  const int64_t groups = scales.size(0);
   auto out = torch::empty({groups, size}, like.options());
   const uint8_t* in = codes.data_ptr<uint8_t>();
   const float* sc = scales.data_ptr<float>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, like.scalar_type(), "sym_decode", [&] {
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, groups, rows_per_task(size), [&](int64_t lo, int64_t hi) {
-      std::vector<uint8_t> q(bits == 8 ? 0 : size);
-      std::vector<float> buf(bits == 8 && !std::is_same_v<scalar_t, float> ? size : 0);
+      std::vector<uint8_t> q(size);
+      std::vector<float> buf(size);
       float tab[128];
-      for (int64_t g = lo; g < hi; ++g) {
-        const float s = sc[g];
-        scalar_t* o = op + g * size;
-        if (bits == 8) {
-          const int8_t* c = reinterpret_cast<const int8_t*>(in + g * size);
-          if constexpr (std::is_same_v<scalar_t, float>) {
-            for (int64_t i = 0; i < size; ++i) o[i] = static_cast<float>(c[i]) * s;
-          } else {
-            for (int64_t i = 0; i < size; ++i) buf[i] = static_cast<float>(c[i]) * s;
-            from_float_row(buf.data(), size, o);
-          }
-        } else {
-          unpack_row(in + g * size * bits / 8, size, bits, q.data());
-          const float off = static_cast<float>(top);
-          for (int c = 0; c < (1 << bits); ++c) tab[c] = (static_cast<float>(c) - off) * s;
-          Lookup<scalar_t>::row(q.data(), size, static_cast<int>(bits), tab, o);
-        }
-      }
+      for (int64_t g = lo; g < hi; ++g) decode_group(in, g, size, bits, sc[g], q.data(), buf.data(), tab, op + g * size);
     });
   });
   return out;
@@ -532,7 +549,107 @@ inline void butterflies(float* y, int64_t n) {
         y[j + h] = a - b;
       }
 }
+
+// One block of n fp32 values in place: times fp32 1/sqrt(n) (`scale`) and the signs db (unless `after`; db may be
+// null), the butterfly levels, the signs (with `after`)
+inline void transform_block(float* y, const float* db, int64_t n, float scale, bool after) {
+  if (db && !after) {
+    for (int64_t i = 0; i < n; ++i) y[i] = y[i] * scale * db[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) y[i] *= scale;
+  }
+  butterflies(y, n);
+  if (db && after)
+    for (int64_t i = 0; i < n; ++i) y[i] *= db[i];
+}
+
+// int<b>:rot works in units of max(group size, n) values: whole groups and whole rotation blocks (one divides the
+// other). The signs repeat every row of `last` values.
+struct RotUnits {
+  int64_t unit, groups, units, period;
+  RotUnits(int64_t numel, int64_t last, int64_t n, int64_t size, const char* who) {
+    TORCH_CHECK(n >= 2 && !(n & (n - 1)) && last % n == 0, who, ": rotation blocks of a power of two n dividing the rows");
+    TORCH_CHECK(size % 8 == 0 && (size % n == 0 || n % size == 0), who, ": groups of a multiple of 8 that n divides or divide n");
+    unit = std::max(size, n);
+    TORCH_CHECK(numel % unit == 0, who, ": ", numel, " values are not whole units of ", unit);
+    groups = numel / size;
+    units = numel / unit;
+    period = last / n;
+  }
+};
+
+// Unit u's values as fp32 in y, rotated (fwht's arithmetic, block by block)
+template <typename in_t>
+inline void rotate_unit(const in_t* x, int64_t u, const RotUnits& ru, int64_t n, const float* d, float scale, float* y) {
+  to_float_row(x + u * ru.unit, ru.unit, y);
+  const int64_t b0 = u * ru.unit / n;  // its first block
+  for (int64_t k = 0; k < ru.unit / n; ++k) transform_block(y + k * n, d + ((b0 + k) % ru.period) * n, n, scale, false);
+}
 }  // namespace
+
+// int<b>:rot in one pass (bitwise fwht then sym_encode): each unit is rotated into a buffer that stays in L1, and
+// its groups are encoded from there, so no fp32 copy of the tensor is written and read back. x contiguous with
+// `signs` (its last dim, fp32 +-1) -> (codes packed, scales as fp32).
+std::vector<torch::Tensor> rot_sym_encode(torch::Tensor x, torch::Tensor signs, int64_t n, int64_t size, int64_t bits,
+                                          int64_t sdt, c10::optional<int64_t> noise_key) {
+  TORCH_CHECK(x.is_contiguous() && x.device().is_cpu() && signs.is_contiguous() && signs.scalar_type() == at::kFloat &&
+              x.size(-1) == signs.numel(), "rot_sym_encode: a contiguous CPU tensor and fp32 signs of its last dim");
+  const RotUnits ru(x.numel(), x.size(-1), n, size, "rot_sym_encode");
+  auto codes = torch::empty({(x.numel() * bits + 7) / 8}, x.options().dtype(torch::kUInt8));
+  auto scales = torch::empty({ru.groups}, x.options().dtype(torch::kFloat));
+  uint8_t* out = codes.data_ptr<uint8_t>();
+  float* sc = scales.data_ptr<float>();
+  const float* d = signs.data_ptr<float>();
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+  const bool stoch = noise_key.has_value();
+  const uint64_t key = stoch ? static_cast<uint64_t>(*noise_key) : 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rot_sym_encode", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    at::parallel_for(0, ru.units, rows_per_task(ru.unit), [&](int64_t lo, int64_t hi) {
+      std::vector<float> y(ru.unit);
+      std::vector<uint8_t> q(size);
+      for (int64_t u = lo; u < hi; ++u) {
+        rotate_unit(xp, u, ru, n, d, scale, y.data());
+        for (int64_t k = 0; k < ru.unit / size; ++k) {
+          const float* row = y.data() + k * size;
+          encode_group(row, absmax(row, size), u * (ru.unit / size) + k, size, bits, sdt, stoch, key, q.data(), out, sc);
+        }
+      }
+    });
+  });
+  return {codes, scales};
+}
+
+// Inverse of rot_sym_encode (bitwise sym_decode to fp32, then fwht with the signs after): -> `like`'s dtype, x's
+// numel as (units, unit); the caller reshapes
+torch::Tensor rot_sym_decode(torch::Tensor codes, torch::Tensor scales, torch::Tensor signs, int64_t n, int64_t bits,
+                             int64_t size, torch::Tensor like) {
+  TORCH_CHECK(signs.is_contiguous() && signs.scalar_type() == at::kFloat, "rot_sym_decode: fp32 signs");
+  const int64_t numel = scales.size(0) * size;
+  const RotUnits ru(numel, signs.numel(), n, size, "rot_sym_decode");
+  auto out = torch::empty({ru.units, ru.unit}, like.options());
+  const uint8_t* in = codes.data_ptr<uint8_t>();
+  const float* sc = scales.data_ptr<float>();
+  const float* d = signs.data_ptr<float>();
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, like.scalar_type(), "rot_sym_decode", [&] {
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, ru.units, rows_per_task(ru.unit), [&](int64_t lo, int64_t hi) {
+      std::vector<float> y(ru.unit);
+      std::vector<uint8_t> q(size);
+      float tab[128];
+      for (int64_t u = lo; u < hi; ++u) {
+        const int64_t g0 = u * (ru.unit / size);
+        for (int64_t k = 0; k < ru.unit / size; ++k)
+          decode_group<float>(in, g0 + k, size, bits, sc[g0 + k], q.data(), nullptr, tab, y.data() + k * size);
+        const int64_t b0 = u * ru.unit / n;
+        for (int64_t k = 0; k < ru.unit / n; ++k) transform_block(y.data() + k * n, d + ((b0 + k) % ru.period) * n, n, scale, true);
+        from_float_row(y.data(), ru.unit, op + u * ru.unit);
+      }
+    });
+  });
+  return out;
+}
 
 torch::Tensor fwht(torch::Tensor x, c10::optional<torch::Tensor> signs, int64_t n, bool after, torch::Tensor like) {
   TORCH_CHECK(x.is_contiguous() && x.device().is_cpu() && x.numel() % n == 0 && n >= 2 && !(n & (n - 1)),
@@ -560,14 +677,7 @@ torch::Tensor fwht(torch::Tensor x, c10::optional<torch::Tensor> signs, int64_t 
           const in_t* xb = xp + b * n;
           const float* db = d ? d + (b % period) * n : nullptr;
           to_float_row(xb, n, y);
-          if (db && !after) {
-            for (int64_t i = 0; i < n; ++i) y[i] = y[i] * scale * db[i];
-          } else {
-            for (int64_t i = 0; i < n; ++i) y[i] *= scale;
-          }
-          butterflies(y, n);
-          if (db && after)
-            for (int64_t i = 0; i < n; ++i) y[i] *= db[i];
+          transform_block(y, db, n, scale, after);
           from_float_row(y, n, op + b * n);
         }
       });
@@ -581,5 +691,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sym_decode", &sym_decode, "inverse of sym_encode");
   m.def("nf_encode", &nf_encode, "nearest normal-float level per group");
   m.def("nf_decode", &nf_decode, "inverse of nf_encode");
+  m.def("rot_sym_encode", &rot_sym_encode, "int<b>:rot in one pass: rotation and symmetric quantization per unit");
+  m.def("rot_sym_decode", &rot_sym_decode, "inverse of rot_sym_encode");
   m.def("fwht", &fwht, "orthonormal Walsh-Hadamard transform of blocks of n, with random signs before or after");
 }

@@ -62,7 +62,8 @@ class IntQuantConfig(OpConfig):
     kernel: str = "fused"
     """fused: the one-pass CPU kernel (ops/fused.py) where this configuration has one: symmetric, nearest or
     stochastic (the same draws), per row or per block of a multiple of 8 values that tile the tensor, and the
-    Hadamard rotation (blocks of a multiple of 8); the codes are bitwise the reference's.
+    Hadamard rotation (blocks of a multiple of 8), in the same pass where groups and blocks nest (one size divides
+    the other); the codes are bitwise the reference's.
     eager: always the reference tensor code."""
     compile: bool = False
     """Run the symmetric round-to-nearest kernels through torch.compile (fused passes: ~3x faster int8
@@ -121,10 +122,16 @@ class IntQuant(Compressor):
         return layout
 
     def _encode(self, x: Tensor, ctx: Context) -> Payload:
-        n = self.config.rot_block(tuple(x.shape), ctx.name)
-        if n:
-            fused = self.config.kernel == "fused"
-            y = hadamard.rotate(x, n, ctx.generator(x.device, "rot"), fused)  # x.shape, fp32, a fresh tensor
+        c = self.config
+        n = c.rot_block(tuple(x.shape), ctx.name)
+        size = self._fused_rot_size(tuple(x.shape), x, n)
+        if size:  # one pass: each unit rotated in cache and quantized from there (the same codes as below)
+            d = hadamard.signs(x.shape[-1], ctx.generator(x.device, "rot"), x.device)  # (last,)
+            key = ctx.noise_key("int") if c.stoch else None
+            codes, scale = fused.kernels().rot_sym_encode(x.contiguous(), d, n, size, c.bits, SCALE_CODES[c.scale], key)
+            p = Payload((codes, scale.to(SCALE_DTYPES[c.scale])), x.shape, x.dtype)
+        elif n:
+            y = hadamard.rotate(x, n, ctx.generator(x.device, "rot"), c.kernel == "fused")  # x.shape, fp32, a fresh tensor
             p = Payload(self._quantize(y, ctx).tensors, x.shape, x.dtype)
         else:
             p = self._quantize(x, ctx)
@@ -136,9 +143,16 @@ class IntQuant(Compressor):
         return p
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
-        n = self.config.rot_block(tuple(payload.shape), ctx.name)
+        c = self.config
+        shape = tuple(payload.shape)
+        n = c.rot_block(shape, ctx.name)
         if not n:
             return self._dequantize(payload)
+        if size := self._fused_rot_size(shape, payload.tensors[0], n):
+            d = hadamard.signs(shape[-1], ctx.generator(payload.tensors[0].device, "rot"), payload.tensors[0].device)
+            like = payload.tensors[0].new_empty(0, dtype=payload.dtype)
+            return fused.kernels().rot_sym_decode(payload.tensors[0], payload.tensors[1].float(), d, n, c.bits, size,
+                                                  like).reshape(shape)
         y = self._dequantize(Payload(payload.tensors, payload.shape, torch.float32))  # rotated values, fp32
         return hadamard.unrotate(y, n, ctx.generator(y.device, "rot"), payload.dtype, self.config.kernel == "fused")
 
@@ -149,6 +163,12 @@ class IntQuant(Compressor):
             return 0
         groups, size = group_dims(shape, c.per)
         return size if groups * size == TensorSpec(shape, like.dtype).numel and fused.usable(like, size) else 0
+
+    def _fused_rot_size(self, shape: tuple[int, ...], like: Tensor, n: int) -> int:
+        """The group size when the one-pass rotate-and-quantize kernel takes this tensor (0: rotation, then
+        quantization, as separate passes): groups and rotation blocks of which one divides the other."""
+        size = self._fused_size(shape, like) if n else 0
+        return size if size and (size % n == 0 or n % size == 0) and fused.usable(like, n) else 0
 
     def _quantize(self, x: Tensor, ctx: Context) -> Payload:
         c = self.config

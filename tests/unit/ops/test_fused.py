@@ -9,7 +9,8 @@ from pp_compress.ops import fused
 SPECS = ["int8", "int7", "int6", "int5", "int4", "int3", "int2", "int4:per=block64", "int8:scale=fp16",
          "int3:stoch", "int8:stoch", "int2:stoch:per=block32", "int4:rot:stoch", "tile:3:stoch",
          "int3:scale=fp32", "nf8", "nf6", "nf5", "nf4", "nf3", "nf2", "nf4:per=block32", "nf6:scale=fp16", "nf5:scale=fp32",
-         "int4:rot", "tile:3.5"]
+         "int4:rot", "tile:3.5", "int8:rot", "int8:rot:stoch", "int3:rot:per=block64", "int4:rot=8:per=block64:stoch",
+         "int8:rot:per=block32", "int2:rot=8", "int6:rot:scale=fp32"]
 SHAPES = [(4, 128, 576), (3, 64), (2, 5, 16), (1, 8), (16, 40)]
 
 
@@ -47,6 +48,11 @@ def test_the_fused_path_is_taken_where_it_applies():
     assert ppc.build("int8")._fused_size((4, 128, 576), torch.empty(0)) == 576
     assert ppc.build("nf6:per=block64")._fused_size((4, 128, 576), torch.empty(0)) == 64
     assert ppc.build("int8:kernel=eager")._fused_size((4, 128, 576), torch.empty(0)) == 0
+    # int<b>:rot in one pass: groups and rotation blocks of which one divides the other
+    assert ppc.build("int8:rot")._fused_rot_size((4, 128, 576), torch.empty(0), 64) == 576
+    assert ppc.build("int4:rot=128:per=block64")._fused_rot_size((4, 128, 1024), torch.empty(0), 128) == 64
+    assert ppc.build("int4:rot:per=block48")._fused_rot_size((4, 128, 576), torch.empty(0), 64) == 0
+    assert ppc.build("int8:rot:kernel=eager")._fused_rot_size((4, 128, 576), torch.empty(0), 64) == 0
 
 
 def test_bad_kernel_names_the_accepted_values():
