@@ -36,7 +36,6 @@ import pp_compress as ppc  # noqa: E402
 from eval.study import EXTRA, LONG, SEEDS, SMOLLM2  # noqa: E402
 
 RESULTS = ROOT / "eval" / "results"
-E2E = [ROOT / "benchmarks" / "results" / f"e2e_frontier{s}.csv" for s in ("", "_more", "_nf")]  # later files: settings added later
 MIN_TOLERANCE = 0.02  # nats: below this, differences are too small to matter for any user
 
 
@@ -155,13 +154,23 @@ class Testbed:
     decide."""
     serving: str | None = None
     """The compression the lm-eval verdicts were served with (None: the run's own, as each report says)."""
+    e2e: tuple[str, ...] = ()
+    """Its step times per link: benchmarks/e2e.py's CSVs under benchmarks/results/ (a setting uses the first that
+    measured it: later files hold settings added later)."""
+
+    def e2e_paths(self) -> list[Path]:
+        return [ROOT / "benchmarks" / "results" / f"{name}.csv" for name in self.e2e]
 
 
-TESTBEDS = {"long": Testbed("small GPT", LONG, "base", "base-seed1", "long"),
+TESTBEDS = {"long": Testbed("small GPT", LONG, "base", "base-seed1", "long",
+                            e2e=("e2e_frontier", "e2e_frontier_more", "e2e_frontier_nf")),
             # lm-eval on the trained checkpoints served uncompressed: what training with compression did to the model
             # (the loss rule already validates through the run's own compression); all documents of the tasks that
             # 40 could not decide, 40 of the others
-            "smollm2": Testbed("SmolLM2-135M", SMOLLM2, "sm-base", "sm-base-seed1", "smollm2", ("parity_*.json",), "none")}
+            # step times of SmolLM2 itself over the links (untied, like the small GPT's: the links carry pipeline
+            # traffic only; its tied embedding's all-reduce is 4x that traffic, which no pipeline compression touches)
+            "smollm2": Testbed("SmolLM2-135M", SMOLLM2, "sm-base", "sm-base-seed1", "smollm2", ("parity_*.json",), "none",
+                               e2e=("e2e_smollm2",))}
 
 
 def frontier(runs: dict[str, dict[str, Any]], e2e: list[dict[str, dict[str, dict[str, Any]]]], verdicts: dict[str, str],
@@ -334,11 +343,11 @@ def main() -> None:
     ap.add_argument("--testbed", choices=list(TESTBEDS), default="long")
     ap.add_argument("--results", type=Path, default=None, help="default eval/results/<the testbed's folder>")
     ap.add_argument("--e2e", type=Path, nargs="*", default=None,
-                    help="e2e.py CSVs; a setting uses the first that measured it (default: the small GPT's; none for smollm2)")
+                    help="e2e.py CSVs; a setting uses the first that measured it (default: the testbed's own)")
     ap.add_argument("--out", type=Path, default=RESULTS / "frontier.json")
     args = ap.parse_args()
     testbed = TESTBEDS[args.testbed]
-    e2e = args.e2e if args.e2e is not None else (E2E if args.testbed == "long" else [])
+    e2e = args.e2e if args.e2e is not None else testbed.e2e_paths()
     rows = build(args.results or RESULTS / testbed.results, e2e, args.out, testbed)
     print("\n".join(table(of_model(rows, testbed.model))))
     print(f"{len(rows)} settings -> {args.out}")

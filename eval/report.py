@@ -212,13 +212,25 @@ def epochs_section(ftep: dict[str, dict], rel: Path, results: Path, readme: Path
             *[f"![{m}]({(rel / 'plots' / 'long' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], ""]
 
 
+def e2e_commands(paths: list[Path]) -> list[str]:
+    """The commands that made e2e.py's result files (the first line of each .md)."""
+    return [p.with_suffix(".md").read_text().splitlines()[0].removeprefix("Command: ") for p in paths
+            if p.with_suffix(".md").exists()]
+
+
 def smollm2_block(rows: list[dict], results: Path) -> list[str]:
-    """The SmolLM2 testbed's frontier (no link times yet), each run served uncompressed too, and how they were made."""
+    """The SmolLM2 testbed's frontier with time to target per link, each run served uncompressed too, and how they
+    were made."""
     out = [f"`recipes/finetune.py {' '.join(SM_COMMON)} --seed S --pp-compress SPEC` from SmolLM2-135M-Instruct "
            f"(`make models`): {len(rows)} of {len(SMOLLM2)} settings measured (`python eval/study.py --protocol "
            "smollm2`, resumable; logs in `eval/results/smollm2/<setting>/`). Validation: 16 x 4 x 128 held-out tokens "
            "every 25 steps, through the run's own compression (its `eval`, else its `act` spec). Bits per element are "
-           "the wire bits per fp32 element (the runs' dtype); a bf16 run sends the same codes: 16 / bits fewer bytes.",
+           "the wire bits per fp32 element (the runs' dtype); a bf16 run sends the same codes: 16 / bits fewer bytes. "
+           "Time to target = steps to the baseline's final validation loss x the setting's step time over the link, "
+           f"measured on SmolLM2's own 4-stage pipeline ({'; '.join(e2e_commands(frontier.TESTBEDS['smollm2'].e2e_paths()))}; "
+           "untied, so the links carry pipeline traffic only: the tied embedding's gradient all-reduce between the first "
+           "and the last stage is 113 MB a step, 4x the uncompressed pipeline traffic, and no pipeline compression "
+           "touches it). r = (uncompressed step time over the link - unthrottled) / unthrottled.",
            "", *frontier.table(rows)]
     plain = [(r, json.loads(f.read_text())) for r in rows if (f := results / r["name"] / "infer_none.json").exists()]
     base = next((math.log(p["val_ppl"]) for r, p in plain if r["name"] == frontier.TESTBEDS["smollm2"].base), None)
@@ -249,10 +261,11 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
         update_readme(args.readme, "findings", verdicts(old, new, paper))
         sm_results = args.results / frontier.TESTBEDS["smollm2"].results
         if (sm_results / frontier.TESTBEDS["smollm2"].base).exists():
-            sm = frontier.of_model(frontier.build(sm_results, [], args.results / "frontier.json",
-                                                  frontier.TESTBEDS["smollm2"]), "SmolLM2-135M")
+            sm_bed = frontier.TESTBEDS["smollm2"]
+            sm = frontier.of_model(frontier.build(sm_results, sm_bed.e2e_paths(), args.results / "frontier.json", sm_bed),
+                                   sm_bed.model)
             update_readme(args.readme, "frontier-smollm2", smollm2_block(sm, sm_results))
-    cmds = [p.with_suffix(".md").read_text().splitlines()[0].removeprefix("Command: ") for p in args.e2e if p.with_suffix(".md").exists()]
+    cmds = e2e_commands(args.e2e)
     return ["## The long study: 1,000 steps (the headline)", "",
             f"Every run: `recipes/pretrain.py {' '.join(LONG_COMMON)} --pp-compress SPEC` (plus the setting's own options) — "
             f"the same model, data and pipeline as the short study below, 2.0M tokens (1.3 epochs), 5% of every file "
@@ -280,7 +293,8 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "study")
     ap.add_argument("--long-runs", type=Path, default=ROOT / "runs" / "study_long")
     ap.add_argument("--results", type=Path, default=ROOT / "eval" / "results")
-    ap.add_argument("--e2e", type=Path, nargs="+", default=frontier.E2E, help="e2e.py CSVs (eval/frontier.py)")
+    ap.add_argument("--e2e", type=Path, nargs="+", default=frontier.TESTBEDS["long"].e2e_paths(),
+                    help="the small GPT's e2e.py CSVs (eval/frontier.py)")
     ap.add_argument("--out", type=Path, default=ROOT / "eval" / "RESULTS.md")
     ap.add_argument("--from-results", action="store_true", help="rebuild from eval/results only")
     ap.add_argument("--readme", type=Path, default=ROOT / "docs" / "results.md",

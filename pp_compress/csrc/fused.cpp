@@ -498,13 +498,15 @@ torch::Tensor nf_decode(torch::Tensor codes, torch::Tensor scales, torch::Tensor
 namespace {
 #ifdef __AVX512F__
 // The four levels inside a vector: each lane adds its partner (lane xor l) or, holding the b of a pair (a, b),
-// subtracts itself from it
+// subtracts itself from it. Both in one instruction: fma(v, +-1, partner) rounds v * +-1 + partner once, and
+// v * +-1 is exact, so it is a + b below and a - b above, bitwise (signed zeros included)
 inline __m512 levels_in_vector(__m512 v) {
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   for (int l = 1; l < 16; l <<= 1) {
     const __m512 s = _mm512_permutexvar_ps(_mm512_xor_si512(lane, _mm512_set1_epi32(l)), v);  // the partner's value
     const __mmask16 upper = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(l));
-    v = _mm512_mask_sub_ps(_mm512_add_ps(v, s), upper, s, v);  // a + b below, a - b above
+    const __m512 sign = _mm512_mask_blend_ps(upper, _mm512_set1_ps(1.f), _mm512_set1_ps(-1.f));
+    v = _mm512_fmadd_ps(v, sign, s);
   }
   return v;
 }
