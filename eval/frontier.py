@@ -131,7 +131,8 @@ def link_times(e2e: dict[str, dict[str, dict[str, Any]]], key: str, steps: float
         t_base = time_to_target(base_steps, none["step_s"])
         links[link] = {"rate_mbit": mine["rate_mbit"], "latency_ms": mine["latency_ms"],
                        "r": comm_ratio(none["step_s"], free["step_s"]) if free else None,
-                       "step_s": mine["step_s"], "time_to_target_s": t, "speedup": t_base / t if t and t_base else None}
+                       "step_s": mine["step_s"], "step_speedup": none["step_s"] / mine["step_s"],
+                       "time_to_target_s": t, "speedup": t_base / t if t and t_base else None}
     return links
 
 
@@ -231,6 +232,29 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                    f"{r['parity']['loss_rule'] or ''} / {r['parity']['lm_eval'] or 'not run'} | {_fmt_steps(r['steps_to_target'])} | "
                    f"{_fmt_steps(r['base_step_at_this_loss']) if r['base_step_at_this_loss'] is not None else '—'} |"
                    + "".join(f" {c} |" for c in sp))
+    return out
+
+
+def step_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Step time per link of every measured setting and its speedup per step over the uncompressed run on the same
+    link: the wall-clock ratio of runs of the same number of steps, which is what the loss rule compares (where a
+    cosine schedule ends every run at its final loss, no run but the baseline may reach the strict target)."""
+    links = link_order(rows)
+    free = next((k for r in rows for k, v in r["links"].items() if v["rate_mbit"] == 0), None)
+    cols = ([free] if free else []) + [k for k, _ in links]
+    names = {free: "unlimited", **{k: k if r is None else f"{k} (r={r:.1f})" for k, r in links}}
+    head = ["setting", "--pp-compress", "parity: loss / lm-eval", *(f"{names[k]}: step s (speedup)" for k in cols)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    seen: set[str] = set()
+    for r in rows:
+        key = " ".join([r["spec"], *r["options"]])
+        if not r["links"] or key in seen:  # one row per measured spec (seeds share their step times)
+            continue
+        seen.add(key)
+        cells = [f"{r['links'][k]['step_s']:.2f} ({r['links'][k]['step_speedup']:.2f}x)" if k in r["links"] else ""
+                 for k in cols]
+        out.append(f"| {r['name']} | `{r['spec']}` | {r['parity']['loss_rule'] or ''} / {r['parity']['lm_eval'] or 'not run'} | "
+                   + " | ".join(cells) + " |")
     return out
 
 

@@ -163,3 +163,28 @@ def test_lm_eval_verdicts_take_the_most_documents_per_metric_and_the_serving(tmp
     assert fr.lm_eval_verdicts([short, full], "none") == {"r1": "parity", "r2": "worse"}
     assert fr.lm_eval_verdicts([short], "none") == {"r1": "worse", "r2": "parity"}
     assert fr.lm_eval_verdicts([short, tmp_path / "missing.json"]) == {"r1": "worse", "r2": "parity"}  # a tie: the first
+
+
+def test_step_table_gives_each_measured_spec_its_step_times_and_speedups_per_link(tmp_path, monkeypatch):
+    """SmolLM2's cosine runs never reach the strict target, so the step-time table carries the link comparison:
+    the uncompressed run's step time over the setting's, per link; one row per spec (a second seed shares it)."""
+    runs = {"sm-base": _run([(100, 3.5), (200, 3.3)], 4.0, 4.0), "sm-base-seed1": _run([(100, 3.5), (200, 3.31)], 4.0, 4.0),
+            "sm-int8": _run([(100, 3.6), (200, 3.305)], 1.0, 1.0), "sm-int8-seed1": _run([(100, 3.6), (200, 3.306)], 1.0, 1.0),
+            "sm-int2": _run([(100, 3.6), (200, 3.4)], 0.25, 0.25)}
+    monkeypatch.setattr(fr, "load_run", lambda p: runs[p.name])
+    settings = {"sm-base": "none", "sm-base-seed1": "none", "sm-int8": "int8", "sm-int8-seed1": "int8", "sm-int2": "int2"}
+    e2e = tmp_path / "e2e.csv"  # benchmarks/e2e.py's columns that the frontier reads
+    e2e.write_text("mode,link,rate_mbit,latency_ms,spec,step_s\n" + "\n".join(
+        f"netns,{link},{rate},{lat},{spec},{t}" for link, rate, lat, spec, t in
+        [("none", 0, 0, "none", 10.0), ("none", 0, 0, "int8", 10.5), ("5mbit", 5, 20, "none", 40.0),
+         ("5mbit", 5, 20, "int8", 16.0)]) + "\n")
+    rows = fr.build(tmp_path, [e2e], tmp_path / "frontier.json",
+                    fr.Testbed("SmolLM2-135M", settings, "sm-base", "sm-base-seed1", "smollm2"))
+    by = {r["name"]: r for r in rows}
+    assert by["sm-int8"]["steps_to_target"] is None and by["sm-int8"]["links"]["5mbit"]["speedup"] is None
+    assert by["sm-int8"]["links"]["5mbit"]["step_speedup"] == pytest.approx(2.5)
+    lines = fr.step_table(rows)
+    assert lines[0] == ("| setting | --pp-compress | parity: loss / lm-eval | unlimited: step s (speedup) | "
+                        "5mbit (r=3.0): step s (speedup) |")
+    assert lines[2:] == ["| sm-base | `none` | parity / baseline | 10.00 (1.00x) | 40.00 (1.00x) |",
+                         "| sm-int8 | `int8` | parity / not run | 10.50 (0.95x) | 16.00 (2.50x) |"]
