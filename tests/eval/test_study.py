@@ -1,0 +1,30 @@
+"""eval/study.py: a fresh checkout resumes the SmolLM2 study after what already landed in eval/results."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from eval import study
+
+
+def test_landed_smollm2_settings_are_not_trained_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    results = tmp_path / "eval" / "results" / "smollm2"
+    for name, files in (("sm-base", ("summary.json", "infer_none.json")), ("sm-safe", ("summary.json",))):
+        (results / name).mkdir(parents=True)
+        for f in files:
+            (results / name / f).write_text("{}")
+    monkeypatch.setattr(study, "ROOT", tmp_path)
+    assert study.landed("sm-base") and not study.landed("sm-safe")  # no uncompressed evaluation yet: not landed
+    trained: list[str] = []
+
+    def run_job(recipe: Path, nproc: int, *args: str, timeout: float) -> tuple[int, str]:
+        trained.append(args[args.index("--out") + 1])
+        return 1, "stopped here"  # a failed run: the study logs it and goes on to the next setting
+
+    monkeypatch.setattr(study, "run_job", run_job)
+    monkeypatch.setattr(sys, "argv", ["study.py", "--protocol", "smollm2", "--only", "sm-base,sm-safe",
+                                      "--runs", str(tmp_path / "runs")])
+    study.main()
+    assert trained == [str(tmp_path / "runs" / "sm-safe")]
