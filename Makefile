@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install -q $(TORCH)
 	echo "$(TORCH)" > $(VENV)/constraints.txt
 	$(VPY) -m pip install -q -c $(VENV)/constraints.txt -e ".[dev,recipes,eval]"
-	# the fused CPU kernels (pp_compress/csrc/fused.cpp, ~35 s once; cached in ~/.cache/torch_extensions)
+	# the fused CPU kernels (pp_compress/csrc/*.cpp, ~35 s once; cached in ~/.cache/torch_extensions)
 	$(VPY) -c "from pp_compress.ops.fused import kernels; kernels()"
 	touch $(STAMP)
 

@@ -38,7 +38,8 @@ SHAPES = ["1x512x768", "4x1024x1024", "8x1024x2048"]
 PRESET_SPECS = ["int8", "int8:kernel=eager", "nf6", "nf6:kernel=eager", "int3:stoch", "int3:stoch:kernel=eager", "nf5",
                 "nf5:kernel=eager",
                 "nf2:stoch", "int4", "int4:kernel=eager", "int4:rot", "int4:rot:kernel=eager", "int8:rot",
-                "int8:rot:kernel=eager", "tile:3.5", "tile:3.5:kernel=eager", "vq:2.5"]
+                "int8:rot:kernel=eager", "tile:3.5", "tile:3.5:kernel=eager", "vq:2.5", "vq:2.5:kernel=eager", "vq:4",
+                "vq:4:kernel=eager", "vq:3", "vq:3:kernel=eager"]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

@@ -688,6 +688,8 @@ torch::Tensor fwht(torch::Tensor x, c10::optional<torch::Tensor> signs, int64_t 
   return out;
 }
 
+torch::Tensor vq_search(torch::Tensor v, torch::Tensor cb, torch::Tensor cand, double lo, double inv_h, int64_t cells);  // vq.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sym_encode", &sym_encode, "symmetric int<b> per group, round to nearest or stochastically");
   m.def("sym_decode", &sym_decode, "inverse of sym_encode");
@@ -695,5 +697,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("nf_decode", &nf_decode, "inverse of nf_encode");
   m.def("rot_sym_encode", &rot_sym_encode, "int<b>:rot in one pass: rotation and symmetric quantization per unit");
   m.def("rot_sym_decode", &rot_sym_decode, "inverse of rot_sym_encode");
+  m.def("vq_search", &vq_search, "vq's pruned nearest-point search over a grid of candidate lists");
   m.def("fwht", &fwht, "orthonormal Walsh-Hadamard transform of blocks of n, with random signs before or after");
 }

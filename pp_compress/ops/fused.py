@@ -1,4 +1,4 @@
-"""The fused CPU kernels (pp_compress/csrc/fused.cpp), built once per machine with torch's C++ extension tooling.
+"""The fused CPU kernels (pp_compress/csrc/*.cpp), built once per machine with torch's C++ extension tooling.
 
 `kernels()` returns the compiled module, building it on first use (about a minute; `make setup` builds it at
 install time, and the build is cached under ~/.cache/torch_extensions). Where it cannot be built (no C++ compiler),
@@ -14,7 +14,7 @@ from types import ModuleType
 
 from torch import Tensor
 
-SOURCE = Path(__file__).resolve().parents[1] / "csrc" / "fused.cpp"
+SOURCES = [Path(__file__).resolve().parents[1] / "csrc" / name for name in ("fused.cpp", "vq.cpp")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
 """Built for this machine's vector units; no fused multiply-adds and no fast-math, so results are the reference's."""
 _STATE: dict[str, ModuleType | None] = {}
@@ -26,7 +26,7 @@ def kernels() -> ModuleType | None:
         try:
             from torch.utils.cpp_extension import load
 
-            _STATE["ext"] = load(name="pp_compress_fused", sources=[str(SOURCE)], extra_cflags=FLAGS,
+            _STATE["ext"] = load(name="pp_compress_fused", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
                                  verbose=bool(os.environ.get("PP_COMPRESS_BUILD_VERBOSE")))
         except Exception as e:  # noqa: BLE001 - any build failure: say why, then the eager reference runs
             _STATE["ext"] = None

@@ -60,8 +60,12 @@ def pivot_layout(dm: Dims, dtype: torch.dtype) -> list[TensorSpec]:
 def split(x: Tensor, dm: Dims, size: int, rot: bool, ctx: Context, salt: str, fused: bool) -> tuple[Tensor, list[Tensor]]:
     """(tiles (dm.tiles, size) fp32 with the pivots zeroed and rotated if `rot`, [pivot values, int16 positions])."""
     rows, d, tiles, k = dm
-    flat = x.new_zeros((rows, tiles // rows * size), dtype=torch.float32)  # (rows, d padded), zeros beyond d
-    flat[:, :d] = x.reshape(rows, d)
+    width = tiles // rows * size
+    if width == d:  # the rows fill their tiles: one converting copy, no zero fill
+        flat = x.reshape(rows, d).to(torch.float32, copy=True)  # (rows, d)
+    else:
+        flat = x.new_zeros((rows, width), dtype=torch.float32)  # (rows, d padded), zeros beyond d
+        flat[:, :d] = x.reshape(rows, d)
     pos = flat[:, :d].abs().topk(k, dim=1).indices  # (rows, k)
     vals = x.reshape(rows, d).gather(1, pos)  # (rows, k), exact, in x.dtype
     flat.scatter_(1, pos, 0.0)

@@ -10,8 +10,11 @@ for dim 2 and 4 (a quarter of a bit or more per element at the same error).
 
 The codebooks are constants shipped with the package (ops/vq_codebooks.json, written by
 `python -m pp_compress.ops.vq`), so the sender and the receiver hold the same points on every machine. Only the
-encoder searches (a matmul per chunk of vectors); the decoder looks the points up.
-Rounding is to the nearest point: biased, like int<b> without `stoch`.
+encoder searches; the decoder looks the points up. The search measures squared distances in one fixed order of
+fp32 operations, so that its two forms agree bitwise: the exhaustive reference (`kernel=eager`, every point) and
+the default pruned search, which looks a vector's grid cell up in a table of the few points that can be nearest
+anywhere in that cell (a bound computed once per codebook), and measures only those.
+Rounding is to the nearest point (the lowest index on a tie): biased, like int<b> without `stoch`.
 Wire: tiles * size / dim codes of bits * dim bits, one RMS scale per tile, the pivots (values, int16 positions).
 """
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from . import pivoted
+from . import fused, pivoted
 from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
 from .bits import pack_bits, packed_nbytes, unpack_bits
 from .groups import SCALE_DTYPES, check_kernel, check_scale, safe_scale
@@ -37,6 +40,8 @@ CODE_BITS = range(2, 9)
 """Bits per code (bits per element x dim): a codebook of 4 to 256 points."""
 CODEBOOKS = Path(__file__).with_name("vq_codebooks.json")
 _CHUNK = 1 << 15  # vectors per search step: a (chunk, points) fp32 distance matrix of at most 32 MiB
+GRID_CELLS = {1: 1024, 2: 128, 4: 12}
+"""Cells per axis of the pruned search's grid, per dim: at most 21k cells, and a few candidates per cell."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,8 @@ class VectorQuantConfig(OpConfig):
     scale: str = "bf16"
     """Dtype of the per-tile RMS scales on the wire: bf16, fp16 or fp32."""
     kernel: str = "fused"
-    """The rotation: fused (its CPU kernel where built; the same values) or eager."""
+    """fused: the rotation's CPU kernel (where built) and the pruned codebook search; eager: the reference rotation
+    and the exhaustive search. The same codes either way."""
 
     def __post_init__(self) -> None:
         if self.dim not in DIMS:
@@ -94,13 +100,88 @@ def codebook(dim: int, code_bits: int, device: torch.device = torch.device("cpu"
     return torch.tensor(books[f"{dim}x{code_bits}"], dtype=torch.float32, device=device).reshape(-1, dim)
 
 
+def distances(v: Tensor, points: Tensor) -> Tensor:
+    """Squared distances from v (n, 1, dim) to points (n or 1, k, dim) -> (n, k), summed over the coordinates in
+    order: the same fp32 operations for a point wherever it appears, so both searches pick the same one."""
+    d = (v[..., 0] - points[..., 0]).square()
+    for i in range(1, v.shape[-1]):
+        d = d + (v[..., i] - points[..., i]).square()
+    return d
+
+
 def nearest(v: Tensor, cb: Tensor) -> Tensor:
-    """Index of the nearest codebook point for each row of v (n, dim): argmin |c|^2 - 2 v.c, in chunks."""
-    sq = cb.pow(2).sum(1)  # (points,)
+    """Index of the nearest codebook point for each row of v (n, dim), the lowest on a tie: every point, in chunks
+    (the reference)."""
     out = torch.empty(v.shape[0], dtype=torch.uint8, device=v.device)  # (n,)
     for i in range(0, v.shape[0], _CHUNK):
-        out[i:i + _CHUNK] = torch.addmm(sq, v[i:i + _CHUNK], cb.t(), alpha=-2).argmin(1)  # (chunk,)
+        out[i:i + _CHUNK] = distances(v[i:i + _CHUNK, None, :], cb[None]).argmin(1)  # (chunk,)
     return out
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A uniform grid over [lo, -lo]^dim and, per cell, every codebook point that can be nearest to a vector in it."""
+
+    lo: float
+    """The grid's lower corner on every axis (beyond its extent the search is exhaustive)."""
+    inv_h: float
+    """Cells per unit length."""
+    cells: int
+    """Cells per axis."""
+    candidates: Tensor
+    """(cells**dim, k) int64 point indices per cell (last axis fastest), ascending, padded with the cell's last."""
+
+
+@functools.cache
+def search_grid(dim: int, code_bits: int, device: torch.device = torch.device("cpu")) -> Grid:
+    """The pruned search's table. A point p can be nearest to some v in a cell only if its distance to the cell is at
+    most the smallest, over the points q, of q's distance to the cell's farthest corner (the nearest point to any v
+    there is at most that far). The cell is widened by a thousandth of its side, and the bound by a relative 1e-6,
+    so that fp32 rounding of the cell index and of the distances cannot leave the true nearest point out."""
+    cb = codebook(dim, code_bits).double()  # (points, dim)
+    cells = GRID_CELLS[dim]
+    half = float(cb.abs().max()) + 1.0
+    h = 2 * half / cells
+    axis = torch.arange(cells, dtype=torch.float64) * h - half  # (cells,) lower edges
+    corners = torch.cartesian_prod(*[axis] * dim).reshape(-1, dim)  # (cells**dim, dim)
+    keep = []
+    for lo in corners.split(1024):
+        lo, hi = lo[:, None] - h * 1e-3, lo[:, None] + h * (1 + 1e-3)  # (c, 1, dim) each
+        near = (cb.clamp(lo, hi) - cb).square().sum(-1)  # (c, points): to the cell
+        far = torch.maximum(cb - lo, hi - cb).square().sum(-1)  # (c, points): to its farthest corner
+        keep.append(near <= far.min(1, keepdim=True).values * (1 + 1e-6))
+    mask = torch.cat(keep)  # (cells**dim, points)
+    k = int(mask.sum(1).max())
+    index = torch.arange(cb.shape[0], dtype=torch.int64).expand_as(mask)
+    ranked = torch.where(mask, index, cb.shape[0]).sort(1).values[:, :k]  # (cells**dim, k): candidates first
+    last = ranked.gather(1, mask.sum(1, keepdim=True) - 1)  # (cells**dim, 1)
+    cand = torch.where(ranked < cb.shape[0], ranked, last)
+    return Grid(-half, 1 / h, cells, cand.to(device))
+
+
+def nearest_pruned(v: Tensor, cb: Tensor, grid: Grid) -> Tensor:
+    """`nearest`'s codes, measuring only the candidates of each vector's cell (vectors beyond the grid: every point)."""
+    f = (v - grid.lo) * grid.inv_h  # (n, dim) in cell units
+    inside = ((f >= 0) & (f < grid.cells)).all(1)  # (n,)
+    cell = f.clamp(0, grid.cells - 1).long()  # (n, dim), floor of the non-negative
+    flat = cell[:, 0]
+    for i in range(1, cell.shape[1]):
+        flat = flat * grid.cells + cell[:, i]  # (n,)
+    cand = grid.candidates[flat]  # (n, k)
+    best = distances(v[:, None, :], cb[cand]).argmin(1, keepdim=True)  # (n, 1): the first of equals, the lowest index
+    out = cand.gather(1, best)[:, 0].to(torch.uint8)  # (n,)
+    if not bool(inside.all()):
+        out[~inside] = nearest(v[~inside], cb)
+    return out
+
+
+def search(v: Tensor, cb: Tensor, c: VectorQuantConfig) -> Tensor:
+    """The pruned search: the CPU kernel where built, else its torch form (any device); `nearest`'s codes."""
+    grid = search_grid(c.dim, c.code_bits, v.device)
+    ext = fused.kernels() if v.device.type == "cpu" else None
+    if ext is None:
+        return nearest_pruned(v, cb, grid)
+    return ext.vq_search(v.contiguous(), cb, grid.candidates, grid.lo, grid.inv_h, grid.cells)
 
 
 class VectorQuant(Compressor):
@@ -121,7 +202,8 @@ class VectorQuant(Compressor):
         c = self.config
         dm = self._dims(tuple(x.shape), ctx.name)
         t, pivots = pivoted.split(x, dm, c.size, c.rot, ctx, "vq-rot", c.kernel == "fused")  # (tiles, size)
-        scale = t.double().pow(2).mean(1).sqrt().to(SCALE_DTYPES[c.scale])  # (tiles,); squares in fp64 do not overflow
+        peak = t.abs().amax(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)  # (tiles, 1)
+        scale = ((t / peak).square().mean(1).sqrt() * peak[:, 0]).to(SCALE_DTYPES[c.scale])  # (tiles,) RMS; no overflow
         cb = codebook(c.dim, c.code_bits, x.device)  # (points, dim)
         if not bool(torch.isfinite(scale.float() * cb.abs().max()).all()):  # the decoder's largest product
             raise FloatingPointError(
@@ -130,7 +212,7 @@ class VectorQuant(Compressor):
                 + ("the input holds NaN/Inf" if not bool(torch.isfinite(x).all())
                    else "values this close to the dtype's max need absmax scales: int<b>:rot or tile"))
         v = (t / safe_scale(scale.float())[:, None]).reshape(-1, c.dim)  # (tiles * size / dim, dim)
-        codes = nearest(v, cb)  # (tiles * size / dim,)
+        codes = search(v, cb, c) if c.kernel == "fused" else nearest(v, cb)  # (tiles * size / dim,)
         return Payload((pack_bits(codes, c.code_bits), scale, *pivots), x.shape, x.dtype)
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:

@@ -10,7 +10,8 @@ SPECS = ["int8", "int7", "int6", "int5", "int4", "int3", "int2", "int4:per=block
          "int3:stoch", "int8:stoch", "int2:stoch:per=block32", "int4:rot:stoch", "tile:3:stoch",
          "int3:scale=fp32", "nf8", "nf6", "nf5", "nf4", "nf3", "nf2", "nf4:per=block32", "nf6:scale=fp16", "nf5:scale=fp32",
          "int4:rot", "tile:3.5", "int8:rot", "int8:rot:stoch", "int3:rot:per=block64", "int4:rot=8:per=block64:stoch",
-         "int8:rot:per=block32", "int2:rot=8", "int6:rot:scale=fp32"]
+         "int8:rot:per=block32", "int2:rot=8", "int6:rot:scale=fp32", "vq:4", "vq:2.5", "vq:3:dim=1", "vq:2:dim=4",
+         "vq:2:dim=1:size=8"]
 SHAPES = [(4, 128, 576), (3, 64), (2, 5, 16), (1, 8), (16, 40)]
 
 

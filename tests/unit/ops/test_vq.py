@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import pp_compress as ppc
-from pp_compress.ops import vq
+from pp_compress.ops import fused, vq
 from pp_compress.ops.base import layout_nbytes
 
 LLOYD_MAX_MSE = {1: 0.3634, 2: 0.1175, 3: 0.03454, 4: 0.009497, 5: 0.002499}  # the N(0, 1) optimum (Max 1960)
@@ -106,3 +106,34 @@ def test_values_near_the_dtype_max_are_a_named_error():
     x = torch.randn(4, 64).sign() * torch.finfo(torch.float32).max / 2  # every tile's RMS is half the max
     with pytest.raises(FloatingPointError, match=r"b1\.act: vq:2\.5 .* torch\.float32"):
         ppc.build("vq:2.5").compress(x, ppc.Context(name="b1.act"))
+
+
+def _hard_vectors(cb: torch.Tensor, grid: vq.Grid) -> torch.Tensor:
+    """Vectors where a search can go wrong: the points themselves, midpoints between pairs (exact ties), the grid's
+    cell edges, beyond the grid, zero, and gaussian samples at three spreads."""
+    g = torch.Generator().manual_seed(cb.shape[0] * cb.shape[1])
+    dim = cb.shape[1]
+    pairs = torch.randint(0, cb.shape[0], (2, 4096), generator=g)
+    edges = grid.lo + torch.randint(0, grid.cells + 1, (4096, dim), generator=g) / grid.inv_h
+    spread = torch.randn(3 * 8192, dim, generator=g) * torch.tensor([0.5, 1.0, 2.5]).repeat_interleave(8192)[:, None]
+    return torch.cat([cb, (cb[pairs[0]] + cb[pairs[1]]) / 2, edges, edges * 1.5, torch.zeros(1, dim), spread])
+
+
+@pytest.mark.parametrize("dim", vq.DIMS)
+@pytest.mark.parametrize("b", list(vq.CODE_BITS))
+def test_the_pruned_search_finds_the_exhaustive_searchs_point(dim, b):
+    """The grid's candidate lists never leave out the nearest point, and both searches break ties alike (the lowest
+    index): the torch form (any device) and the CPU kernel give the reference's codes bitwise."""
+    cb, grid = vq.codebook(dim, b), vq.search_grid(dim, b)
+    v = _hard_vectors(cb, grid)
+    ref = vq.nearest(v, cb)
+    assert torch.equal(vq.nearest_pruned(v, cb, grid), ref)
+    assert torch.equal(fused.kernels().vq_search(v, cb, grid.candidates, grid.lo, grid.inv_h, grid.cells), ref)
+    ties = (cb[:1] + cb[1:2]) / 2  # equally far from points 0 and 1 (and perhaps others): the lowest index wins
+    d = vq.distances(ties[:, None, :], cb[None])[0]
+    assert int(vq.nearest(ties, cb)[0]) == int((d == d.min()).nonzero()[0])
+
+
+def test_the_pruned_search_measures_a_few_points_per_vector():
+    """What makes it fast: a cell's candidates are a few of the codebook's points (vq:4 has 256)."""
+    assert vq.search_grid(2, 8).candidates.shape[1] <= 6 and vq.search_grid(1, 8).candidates.shape[1] <= 3
