@@ -219,7 +219,7 @@ def e2e_commands(paths: list[Path]) -> list[str]:
 
 
 SM_E2E = ("python benchmarks/e2e.py --recipe finetune --stages 4 --steps 5 --link none --link 25mbit --link 5mbit@20ms "
-          "--spec none --spec int8:rot --spec act=vq:4,grad=vq:3 --out benchmarks/results/e2e_smollm2")
+          "--spec none --spec int8:rot --spec int8 --spec act=vq:4,grad=vq:3 --out benchmarks/results/e2e_smollm2")
 """The command that measures SmolLM2's step times over the links (the smollm2 testbed's e2e file)."""
 
 
