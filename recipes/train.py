@@ -170,7 +170,8 @@ def measured_advice(cfg: Any, model: str | None = "small GPT",
     r = bad[0]
     parity = sorted((s for s in rows if s["parity"]["loss_rule"] == "parity" and s["wire_ratio"] > 1.01 and not s["options"]),
                     key=lambda s: (s["parity"]["lm_eval"] != "parity", s["bits_avg"]))  # both rules first, then bits
-    safe = next((s for s in parity if str(parse_spec(s["spec"])) == str(parse_spec("safe"))), None)
+    safe = next((s for s in parity if str(parse_spec(s["spec"])) == str(parse_spec("safe"))  # when as well verified
+                 and s["parity"]["lm_eval"] == parity[0]["parity"]["lm_eval"]), None)
     best = safe or (parity[0] if parity else None)
     name = f"'safe' ({PRESETS['safe']})" if safe else f"'{best['spec']}'" if best else ""
     rules = "both rules" if best and best["parity"]["lm_eval"] == "parity" else "the loss rule"
