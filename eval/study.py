@@ -14,6 +14,7 @@ without compression at inference (recipes/infer.py, `--pp-compress none`, the sa
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import time
@@ -218,6 +219,9 @@ def main() -> None:
                          "smollm2: continued pretraining of SmolLM2-135M")
     ap.add_argument("--runs", type=Path, default=None, help="where the runs go (default runs/study, runs/study_long)")
     ap.add_argument("--finetune", action="store_true", help=f"the short finetuning settings {list(FINETUNE)} instead")
+    ap.add_argument("--retrain", action="store_true",
+                    help="smollm2: train settings whose logs are committed again, for their checkpoints (lm-eval on a "
+                         "fresh machine); the committed logs stay as they are")
     args = ap.parse_args()
     order, runs = PROTOCOLS[args.protocol]
     args.runs = args.runs or runs
@@ -225,7 +229,7 @@ def main() -> None:
     for name in names:
         out = args.runs / name
         recipe, nproc, recipe_args, spec = job(name, args.protocol)
-        if args.protocol == "smollm2" and landed(name):
+        if args.protocol == "smollm2" and landed(name) and not args.retrain:
             continue  # a fresh checkout has no runs/, but what landed is committed: never train it again
         if not (out / "summary.json").exists():
             t0 = time.perf_counter()
@@ -241,7 +245,10 @@ def main() -> None:
                 continue
         if args.protocol == "smollm2":  # served uncompressed too (training's cost alone); logs go where they are committed
             infer_plain(name, out, 4, "--data", "austen", "--micro-batch", "4", "--ppl-batches", "16")
-            keep_logs(out, ROOT / "eval" / "results" / "smollm2" / name)
+            if landed(name):  # retrained: the same command is not bitwise repeatable across machines, so say how close
+                print(f"{name:24s} retrained: {retrained(out, ROOT / 'eval' / 'results' / 'smollm2' / name)}", flush=True)
+            else:
+                keep_logs(out, ROOT / "eval" / "results" / "smollm2" / name)
         if name in FT_FEEDBACK:  # the validation batches of FT_COMMON's evaluations
             infer_plain(name, out, 2, "--data", "austen", "--micro-batch", "2", "--ppl-batches", "16")
         elif name in FEEDBACK:
@@ -257,6 +264,12 @@ SM_LOGS = (*LOGS, "infer_none.json")
 def landed(name: str) -> bool:
     """A SmolLM2 setting whose logs (its training and its uncompressed evaluation) are in eval/results."""
     return all((ROOT / "eval" / "results" / "smollm2" / name / f).exists() for f in ("summary.json", "infer_none.json"))
+
+
+def retrained(run: Path, results: Path) -> str:
+    """The retrained run's final validation loss next to the committed one's."""
+    again, committed = (json.loads((d / "summary.json").read_text())["final_val_loss"] for d in (run, results))
+    return f"final validation loss {again:.4f}, committed {committed:.4f} ({again - committed:+.4f})"
 
 
 def keep_logs(run: Path, results: Path) -> None:
