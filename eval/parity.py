@@ -104,6 +104,26 @@ def evaluate(checkpoint: Path, spec: str, tasks: list[str], where: Path, stages:
     return out
 
 
+def documents(tasks: list[str], where: Path) -> dict[str, str]:
+    """What identifies each task's documents: a hash of its JSONL."""
+    return {t: hashlib.sha256((where / f"{t}.jsonl").read_bytes()).hexdigest()[:16] for t in tasks}
+
+
+def scored_baseline(path: Path, tasks: list[str], where: Path, stages: int, limit: int | None) -> dict[str, dict[str, list[float]]]:
+    """The baseline's per-document values from an earlier report's <out>.docs.json, for exactly these documents."""
+    rec = json.loads(path.read_text())
+    if (rec["stages"], rec["limit"]) != (stages, limit):
+        raise SystemExit(f"{path} was scored with --stages {rec['stages']} --limit {rec['limit']}, not --stages {stages} "
+                         f"--limit {limit}: pass the same ones (or the baseline's checkpoint)")
+    docs = documents(tasks, where)
+    for t in tasks:
+        if rec["documents"].get(t) != docs[t]:
+            have = ", ".join(f"{k} ({v})" for k, v in rec["documents"].items())
+            raise SystemExit(f"{path} has no values for task {t}'s documents ({docs[t]}); it has {have}. The corpus, its "
+                             "held-out fraction and the tasks must be those it was scored on")
+    return {t: rec["baseline"]["values"][t] for t in tasks}
+
+
 def margin_for(metric: str, baseline_mean: float, rel: float, acc: float, ll: float = 0.05) -> float:
     """How much worse (in the metric's units, positive = worse) a candidate may be."""
     if metric in RELATIVE:
@@ -144,7 +164,8 @@ def compare(base: list[float], cand: list[float], higher: bool, margin: float, c
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--baseline", required=True, help="CHECKPOINT[@SPEC]")
+    ap.add_argument("--baseline", required=True,
+                    help="CHECKPOINT[@SPEC], or an earlier report's <out>.docs.json (its baseline's per-document values)")
     ap.add_argument("--candidate", action="append", required=True, help="CHECKPOINT[@SPEC], repeatable")
     ap.add_argument("--corpus", default="shakespeare")
     ap.add_argument("--stages", type=int, default=4, help="where the boundaries are (as in training)")
@@ -167,17 +188,27 @@ def main() -> None:
         path, _, spec = arg.partition("@")
         return Path(path), spec or default or trained_spec(Path(path))
 
-    base_path, base_spec = parse(args.baseline, "none")
-    frac = held_out_fraction(base_path)
+    scores = Path(args.baseline) if args.baseline.endswith(".docs.json") else None
+    if scores is not None:  # an earlier report's per-document values: the baseline as it was scored there
+        rec = json.loads(scores.read_text())
+        base_path, base_spec, frac = Path(rec["baseline"]["checkpoint"]), rec["baseline"]["compress"], rec["held_out_fraction"]
+    else:
+        base_path, base_spec = parse(args.baseline, "none")
+        frac = held_out_fraction(base_path)
     where = task_dir(frac)
     tasks = [t for t in build(args.corpus, where, frac=frac) if args.task is None or t.rsplit("_", 1)[-1] in args.task]
-    base = evaluate(base_path, base_spec, tasks, where, args.stages, args.limit, cache)
+    base = (scored_baseline(scores, tasks, where, args.stages, args.limit) if scores is not None
+            else evaluate(base_path, base_spec, tasks, where, args.stages, args.limit, cache))
     command = shlex.join(["python", "eval/parity.py", *sys.argv[1:]])
-    report: dict[str, Any] = {"command": command, "baseline": {"checkpoint": str(base_path), "compress": base_spec},
+    report: dict[str, Any] = {"command": command, "baseline": {"checkpoint": str(base_path), "compress": base_spec,
+                                                             **({"scores": str(scores)} if scores else {})},
                               "held_out_fraction": frac,
                               "rule": {"kind": "non-inferiority", "confidence": args.confidence, "margin_rel": args.margin_rel,
                                        "margin_acc": args.margin_acc, "margin_ll": args.margin_ll}, "candidates": []}
     failed = False
+    docs: dict[str, Any] = {"held_out_fraction": frac, "stages": args.stages, "limit": args.limit,
+                            "documents": documents(tasks, where),
+                            "baseline": {"checkpoint": str(base_path), "compress": base_spec, "values": base}, "candidates": []}
     for arg in args.candidate:
         path, spec = parse(arg, None)
         cand = evaluate(path, spec, tasks, where, args.stages, args.limit, cache)
@@ -187,9 +218,12 @@ def main() -> None:
                 for t in tasks for m in base[t]}
         failed |= any(r["verdict"] == "worse" for r in rows.values())
         report["candidates"].append({"checkpoint": str(path), "compress": spec, "metrics": rows})
+        docs["candidates"].append({"checkpoint": str(path), "compress": spec, "values": cand})
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".docs.json").write_text(json.dumps(docs))
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    lines = [f"# Parity report (non-inferiority)\n\nCommand: `{command}`\n\nBaseline: `{base_path}` evaluated with `{base_spec}`; tasks from the held-out "
+    lines = [f"# Parity report (non-inferiority)\n\nCommand: `{command}`\n\nBaseline: `{base_path}` evaluated with `{base_spec}`"
+             f"{f' (its per-document values from `{scores}`)' if scores else ''}; tasks from the held-out "
              f"{frac:.1%} of every file. A candidate passes a metric when the one-sided {args.confidence:.0%} upper confidence bound "
              f"of its paired mean worsening is within the margin ({args.margin_rel:.0%} relative on bits/byte, "
              f"{args.margin_ll:.0%} on the last word's perplexity, {100 * args.margin_acc:g} point on accuracy). 'worse by' and 'bound' are positive when the candidate is worse.\n",

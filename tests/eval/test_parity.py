@@ -61,6 +61,17 @@ def test_parity_command_passes_identical_and_fails_broken_settings(run_dir, tmp_
                          text=True, timeout=600)
     rows = json.loads((tmp_path / "rep.json").read_text())["candidates"][0]["metrics"]
     assert one.returncode == 0 and sorted(rows) == ["ppc_fixture_lastword/acc", "ppc_fixture_lastword/ll"], one.stdout[-2000:]
+    # a committed report's per-document values stand in for the baseline: the same verdicts without its checkpoint
+    scored = cmd[:cmd.index("--baseline")] + ["--baseline", str(tmp_path / "rep.docs.json")] + cmd[cmd.index("--baseline") + 2:]
+    again = subprocess.run([*scored, "--candidate", f"{out}@identity", "--task", "lastword", "--out", str(tmp_path / "again")],
+                           env=env, capture_output=True, text=True, timeout=600)
+    reused = json.loads((tmp_path / "again.json").read_text())
+    assert again.returncode == 0 and reused["candidates"][0]["metrics"] == rows, again.stderr[-2000:]
+    assert reused["baseline"] == {"checkpoint": str(out), "compress": "none", "scores": str(tmp_path / "rep.docs.json")}
+    other = subprocess.run([*scored, "--candidate", f"{out}@identity", "--limit", "20"], env=env, capture_output=True, text=True, timeout=600)
+    assert other.returncode != 0 and "--limit 30, not --stages 2 --limit 20" in other.stderr, other.stderr[-2000:]
+    more = subprocess.run([*scored, "--candidate", f"{out}@identity"], env=env, capture_output=True, text=True, timeout=600)
+    assert more.returncode != 0 and "has no values for task ppc_fixture_ppl's documents" in more.stderr, more.stderr[-2000:]
 
 
 def test_lm_eval_cli_runs_the_local_tasks_with_our_model(run_dir, tmp_path):
