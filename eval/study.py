@@ -166,9 +166,9 @@ SMOLLM2: dict[str, str] = {
     "sm-act-vq4_grad-vq3": "act=vq:4,grad=vq:3",
     # its second seed: its first ran within the tolerance of the baseline all along (+0.016 at steps 25-75)
     "sm-act-vq4_grad-vq3-seed1": "act=vq:4,grad=vq:3",
-    "sm-vq2.5": "act=vq:2.5,grad=vq:2.5",  # the 3-bit moonshot with vq: 2.83 averaged
     # activations alone at <= 4 bits with vq (3.81 bits; tile:3.5 at 3.85 was +0.043 through its own codec)
     "sm-act-vq3.5": "act=vq:3.5,grad=none",
+    "sm-vq2.5": "act=vq:2.5,grad=vq:2.5",  # the 3-bit moonshot with vq: 2.83 averaged
     "sm-int8": "int8",
     "sm-aggressive": "aggressive",
     "sm-act-tile3_grad-tile2.5stoch": "act=tile:3,grad=tile:2.5:lo=2:hi=3:stoch",  # the 3-bit moonshot, unbiased: 3.09
