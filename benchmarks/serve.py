@@ -2,6 +2,7 @@
 
     python benchmarks/serve.py        # as root -> benchmarks/results/serve_smollm2.md / .csv (about an hour on 2 cores)
     python benchmarks/serve.py --link 5mbit@20ms --stages 2 --batch 1 --spec none --spec int8:rot --new 16
+    python benchmarks/serve.py --keep-blocks 4 --stages 4 --out benchmarks/results/serve_smollm2_blocks4
 
 For each link, stage count and batch size, every spec generates --new greedy tokens after the same prompts of
 --prompt-tokens tokens (held-out text of --corpus), all in this one invocation so the runs compare side by side.
@@ -14,6 +15,10 @@ Reported per run: time to first token (the prompt lengths announced, prefill acr
 back), decode tokens/s over the batch (the later tokens), and where the time went, summed over the stage processes:
 compute, wire (send/receive, including waiting for the previous stage) and (de)compression. min_numel=0 is added to
 every compressed spec so that batch-1 decode messages (one position) are compressed too.
+
+--keep-blocks N serves a copy of the model with only its first N transformer blocks: the same hidden states on the
+wire (width, dtype, messages) with N/L of the compute, which is what the link's share of the time would be on a
+machine that computes L/N times faster than this CPU (a GPU). Its tokens are not the model's; only speed is measured.
 """
 from __future__ import annotations
 
@@ -46,6 +51,29 @@ def prompts(checkpoint: Path, corpus: str, n: int, tokens: int) -> tuple[list[st
     return texts, [len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
 
 
+def first_blocks(checkpoint: Path, n: int, where: Path) -> Path:
+    """A transformers folder with the first n blocks of `checkpoint`'s (its embedding, final norm and head kept)."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((checkpoint / "config.json").read_text()) if (checkpoint / "config.json").exists() else None
+    if cfg is None or "num_hidden_layers" not in cfg:
+        raise SystemExit(f"--keep-blocks: {checkpoint} is not a transformers folder with num_hidden_layers in its config.json")
+    if not 1 <= n <= cfg["num_hidden_layers"]:
+        raise SystemExit(f"--keep-blocks {n}: {checkpoint.name} has {cfg['num_hidden_layers']} blocks; accepted: 1 to that")
+    out = where / f"{checkpoint.name}-blocks{n}"
+    if (out / "model.safetensors").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    keep = lambda k: not k.startswith("model.layers.") or int(k.split(".")[2]) < n  # noqa: E731
+    state = {k: v for f in sorted(checkpoint.glob("*.safetensors")) for k, v in load_file(f).items() if keep(k)}
+    for f in checkpoint.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and f.name != "config.json":
+            (out / f.name).write_bytes(f.read_bytes())
+    (out / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": n}, indent=1))
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
 def run(ns: Namespaces | None, stages: int, args: list[str], env: dict[str, str]) -> dict:
     out = Path(args[args.index("--out") + 1])
     rc, log = run_throttled(ns, stages, ROOT / "recipes" / "infer.py", args, env, 3600)
@@ -65,6 +93,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--spec", action="append", default=None, help=f"default: {' '.join(SPECS)}")
+    ap.add_argument("--keep-blocks", type=int, default=None,
+                    help="serve the model's first N blocks only: the same traffic with a faster machine's share of compute")
     ap.add_argument("--emulate", action="store_true", help="in-process link emulation even where namespaces work")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "serve")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve_smollm2")
@@ -85,7 +115,8 @@ def main() -> None:
     if why_not:
         print(f"WARNING: network namespaces not used ({why_not}): links are EMULATED in-process", flush=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    texts, lens = prompts(args.checkpoint, args.corpus, max(batches), args.prompt_tokens)
+    checkpoint = args.checkpoint if args.keep_blocks is None else first_blocks(args.checkpoint, args.keep_blocks, args.work)
+    texts, lens = prompts(checkpoint, args.corpus, max(batches), args.prompt_tokens)
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
            "PPC_BENCH_P2P": "torch"}
     results: list[dict] = []
@@ -97,7 +128,7 @@ def main() -> None:
                 for spec in specs:
                     t0 = time.perf_counter()
                     out = args.work / f"result_{stages}_{b}.json"
-                    res = run(ns, stages, ["--checkpoint", str(args.checkpoint), "--prompt-file", str(pfile),
+                    res = run(ns, stages, ["--checkpoint", str(checkpoint), "--prompt-file", str(pfile),
                                            "--max-new-tokens", str(args.new), "--stages", str(stages),
                                            "--pp-compress", spec if spec == "none" else f"{spec},min_numel=0",
                                            "--out", str(out)], lenv)
@@ -172,7 +203,8 @@ def write(results: list[dict], args: argparse.Namespace, mode: str, command: str
     command = command or shlex.join(["python", "benchmarks/serve.py", *sys.argv[1:]])
     how = ("kernel tbf rate limits between per-stage network namespaces, latency added by each message's sender"
            if mode == "netns+tbf" else "EMULATED in-process: the sender sleeps latency + bytes/rate per message")
-    lines = [f"# Serving over slow links: {args.checkpoint.name}", "",
+    blocks = f", its first {args.keep_blocks} blocks" if args.keep_blocks is not None else ""
+    lines = [f"# Serving over slow links: {args.checkpoint.name}{blocks}", "",
              f"Command: `{command}`", "",
              f"KV-cached pipelined generation (recipes/infer.py), greedy, {args.new} new tokens after prompts of "
              f"~{results[0]['prompt_tokens']:.0f} tokens (held-out {args.corpus}), fp32 hidden states, one CPU thread per "
@@ -181,6 +213,10 @@ def write(results: list[dict], args: argparse.Namespace, mode: str, command: str
              "what the prefill's bytes need at the link's rate, boundary after boundary, plus one latency per message "
              "(two announce the prompt lengths, one per hop, one brings the first token back): the part of the time to "
              "first token that compression can shrink.",
+             *(["", f"Only the first {args.keep_blocks} blocks of {args.checkpoint.name} run "
+                "(`--keep-blocks`): the same messages on the wire with a fraction of the compute, as on a machine that "
+                "computes that much faster. The tokens are not the model's; only the speed is measured."]
+               if args.keep_blocks is not None else []),
              "", *table(results)]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

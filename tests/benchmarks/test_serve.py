@@ -49,3 +49,25 @@ def test_serving_over_a_rate_limited_link(tiny_run, tmp_path):
     subprocess.run([sys.executable, str(ROOT / "benchmarks/serve.py"), "--rewrite", "--out", str(out)], check=True,
                    cwd=ROOT, capture_output=True, env=env)
     assert out.with_suffix(".md").read_text() == md  # the table comes back from the CSV alone
+
+
+def test_keep_blocks_serves_the_first_blocks_of_a_transformers_folder(tmp_path):
+    import pytest
+    import torch
+    import transformers
+
+    from benchmarks.serve import first_blocks
+    from recipes.model import GPT, GPTConfig
+
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                                   num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "full")
+    cut = first_blocks(tmp_path / "full", 2, tmp_path / "work")
+    assert cut == tmp_path / "work" / "full-blocks2" and GPTConfig.from_hf(cut).n_layer == 2
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "full", num_hidden_layers=2).eval()
+    ids = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(GPT(GPTConfig.from_hf(cut), cut).eval()(ids), theirs(ids).logits, rtol=1e-5, atol=1e-5)
+    with pytest.raises(SystemExit, match="--keep-blocks 4: full has 3 blocks; accepted: 1 to that"):
+        first_blocks(tmp_path / "full", 4, tmp_path / "work")
