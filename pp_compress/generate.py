@@ -35,9 +35,11 @@ class Stage(Protocol):
     def reset(self, batch: int, length: int, device: torch.device, dtype: torch.dtype) -> None:
         """Empty caches for `batch` sequences of up to `length` positions."""
 
-    def __call__(self, x: Tensor, positions: Tensor, key_valid: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, positions: Tensor, key_valid: Tensor, last_only: bool = False) -> Tensor:
         """x: token ids (B, T) on the first stage, else hidden (B, T, D); positions (B, T) per sequence; key_valid
-        (B, cached + T) real (not padding) positions. Returns hidden (B, T, D), or logits (B, T, V) on the last stage."""
+        (B, cached + T) real (not padding) positions. Returns hidden (B, T, D), or logits (B, T, V) on the last stage:
+        (B, 1, V), the last position's, with `last_only` (generation needs no more, and a prompt's logits over the
+        whole vocabulary cost as much as several blocks)."""
 
 
 class PipelineGenerator:
@@ -88,13 +90,13 @@ class PipelineGenerator:
         return h
 
     def _step(self, x: Tensor | None, shape: tuple[int, int], positions: Tensor, valid: Tensor, step: int,
-              phase: str) -> Tensor | None:
+              phase: str, last_only: bool = False) -> Tensor | None:
         """Run this stage on one step's input: the ids (stage 0) or what the previous stage sends; pass it on."""
         b, t = shape
         if self.index > 0:
             x = self._recv((b, t, self.width), step)
         t0 = time.perf_counter()
-        y = self.stage(x, positions, valid)  # type: ignore[arg-type]
+        y = self.stage(x, positions, valid, last_only)  # type: ignore[arg-type]
         self.timings["compute"] += time.perf_counter() - t0
         if self.index < self.stages - 1:
             self._send(y.to(self.dtype), step, phase)
@@ -130,7 +132,7 @@ class PipelineGenerator:
         t = longest
         for step in range(max_new_tokens):
             phase = "prefill" if step == 0 else "decode"
-            logits = self._step(ids, (b, t), positions, valid, step, phase)
+            logits = self._step(ids, (b, t), positions, valid, step, phase, last_only=True)  # (B, 1, V) last stage
             nxt = torch.zeros(b + 1, dtype=torch.long, device=self.device)  # (B + 1,): tokens, then the done flag
             if logits is not None:
                 last = logits[:, -1].float()  # (B, V)

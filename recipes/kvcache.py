@@ -40,7 +40,8 @@ def load_model(checkpoint: str | Path) -> tuple[GPT, Any, int]:
 
 class CachedStage:
     """One stage's layers with their KV caches: `reset(batch, length)`, then `(x, positions, key_valid) -> y` per
-    step. The first stage takes token ids (B, T), the last returns logits (B, T, V), the others hidden (B, T, D)."""
+    step. The first stage takes token ids (B, T), the last returns logits (B, T, V) (or (B, 1, V) with `last_only`), the
+    others hidden (B, T, D)."""
 
     def __init__(self, model: GPT, stage: int, stages: int) -> None:
         if model.cfg.subspace is not None:
@@ -58,7 +59,7 @@ class CachedStage:
                         "len": torch.tensor(0)} for layer in self.layers if isinstance(layer, Block)]
 
     @torch.no_grad()
-    def __call__(self, x: Tensor, positions: Tensor, key_valid: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, positions: Tensor, key_valid: Tensor, last_only: bool = False) -> Tensor:
         caches = iter(self.caches)
         for layer in self.layers:
             if isinstance(layer, Embedding):
@@ -66,6 +67,7 @@ class CachedStage:
             elif isinstance(layer, Block):
                 x = layer.cached(x, next(caches), positions, key_valid)  # (B, T, D)
             elif isinstance(layer, Head):
+                x = x[:, -1:] if last_only else x  # (B, 1, D) when only the next token is wanted
                 x = layer.norm(x) if layer.out is None else layer.out(layer.norm(x))  # (B, T, D) tied, else (B, T, V)
             elif isinstance(layer, nn.Module):
                 x = layer(x)  # the tied output projection: (B, T, V)
