@@ -75,6 +75,17 @@ def sh(*cmd: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
+BURST_MIN = 8 * 1024
+"""The token bucket's floor: a few full-size packets (tbf splits larger GSO packets to fit). Everything up to the
+bucket's size crosses an idle link at once, so a bigger floor would hide the link from small messages (a decode
+step's hidden states) and from the first part of every compressed one."""
+
+
+def bucket_bytes(rate_mbit: float) -> int:
+    """tbf's burst for a link of `rate_mbit`: 1 ms of traffic, at least BURST_MIN."""
+    return max(BURST_MIN, int(rate_mbit * 1e6 / 8 / 1000))
+
+
 class Namespaces:
     """n stage namespaces on one bridge; `shape(rate)` limits every veth end to `rate` Mbit/s (0: none)."""
 
@@ -104,8 +115,9 @@ class Namespaces:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
     def shape(self, rate_mbit: float) -> None:
-        """tbf on both ends of every veth; the bucket holds 1 ms of traffic (at least 64 KiB)."""
-        burst = max(64 * 1024, int(rate_mbit * 1e6 / 8 / 1000))
+        """tbf on both ends of every veth. The bucket holds 1 ms of traffic, at least BURST_MIN bytes: whatever it
+        holds crosses at once when the link has been idle, so a bigger floor lets small messages through for free."""
+        burst = bucket_bytes(rate_mbit)
         for r, ns in enumerate(self.stages):
             for where, dev in ((ns, "eth0"), (self.hub, f"v{r}")):
                 subprocess.run(["ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)

@@ -53,3 +53,46 @@ def test_the_finetune_recipe_takes_no_model_preset(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/e2e.py"), "--recipe", "finetune", "--model", "tiny",
                         "--work", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "--model tiny: the finetune recipe's model is its checkpoint" in r.stderr
+
+
+PAIR = '''
+import os, socket, sys, time
+size, rank = int(sys.argv[1]), int(os.environ["RANK"])
+if rank == 1:
+    s = socket.create_server(("0.0.0.0", 29601))
+    c, _ = s.accept()
+    for _ in range(3):
+        got = 0
+        while got < size:
+            got += len(c.recv(1 << 20))
+        c.sendall(b"k")
+else:
+    time.sleep(1.0)
+    c = socket.create_connection((os.environ["MASTER_ADDR"].rsplit(".", 1)[0] + ".2", 29601))
+    for _ in range(3):
+        time.sleep(0.3)  # the link idles: a token bucket fills up in between
+        t0 = time.perf_counter()
+        c.sendall(b"x" * size)
+        c.recv(1)
+        print("took", time.perf_counter() - t0)
+'''
+
+
+def test_a_small_message_on_an_idle_shaped_link_takes_the_links_time(tmp_path):
+    """A 37 KB message (one decode step's hidden states for 16 SmolLM2 sequences) over 5 Mbit/s needs 59 ms; the
+    token bucket must not let it through at once."""
+    import sys
+
+    import pytest
+
+    from benchmarks.e2e import Namespaces
+
+    if netns_permitted() is not None:
+        pytest.skip(f"network namespaces: {netns_permitted()}")
+    (tmp_path / "pair.py").write_text(PAIR)
+    with Namespaces(2) as ns:
+        ns.shape(5.0)
+        rc, log = ns.run([sys.executable, str(tmp_path / "pair.py"), "37000"], {"PATH": "/usr/bin:/bin"}, 60)
+    took = [float(line.split()[1]) for line in log.splitlines() if line.startswith("took")]
+    assert rc == 0 and len(took) == 3, log
+    assert min(took) > 0.8 * 37000 * 8 / 5e6, took
