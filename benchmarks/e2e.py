@@ -260,8 +260,8 @@ def write(results: list[dict], args: argparse.Namespace, mode: str) -> None:
         w = csv.DictWriter(f, list(results[0]))
         w.writeheader()
         w.writerows(results)
-    how = ("kernel tbf rate limits on veth pairs between per-stage network namespaces; latency added per message "
-           "by the sender (no netem in this kernel)") if mode == "netns+tbf" else \
+    how = (f"kernel tbf rate limits on veth pairs between per-stage network namespaces, a token bucket of 1 ms of "
+           f"traffic (at least {BURST_MIN // 1024} KiB); latency added per message by the sender (no netem in this kernel)") if mode == "netns+tbf" else \
         "EMULATED in-process: the sender sleeps latency + bytes/rate before each message"
     command = shlex.join(["python", "benchmarks/e2e.py", *sys.argv[1:]])
     model = RECIPES[args.recipe].format(model=args.model or "small")
