@@ -351,7 +351,8 @@ def build(results: Path, e2e: list[Path], out: Path, testbed: Testbed = TESTBEDS
     missing = [str(p) for p in e2e if not p.exists()]
     if missing:
         raise SystemExit(f"no step times in {', '.join(missing)}: run benchmarks/e2e.py (its command heads each .md)")
-    verdicts = lm_eval_verdicts([p for pattern in testbed.parity for p in sorted(results.glob(pattern))], testbed.serving)
+    reports = [p for pattern in testbed.parity for p in sorted(results.glob(pattern)) if not p.name.endswith(".docs.json")]
+    verdicts = lm_eval_verdicts(reports, testbed.serving)  # (a report's .docs.json holds its per-document values)
     rows = frontier(runs, [load_e2e(p) for p in e2e], verdicts, testbed)
     kept = [r for r in json.loads(out.read_text()) if r.get("model", "small GPT") != testbed.model] if out.exists() else []
     every = kept + rows

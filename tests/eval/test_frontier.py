@@ -188,3 +188,16 @@ def test_step_table_gives_each_measured_spec_its_step_times_and_speedups_per_lin
                         "5mbit (r=3.0): step s (speedup) |")
     assert lines[2:] == ["| sm-base | `none` | parity / baseline | 10.00 (1.00x) | 40.00 (1.00x) |",
                          "| sm-int8 | `int8` | parity / not run | 10.50 (0.95x) | 16.00 (2.50x) |"]
+
+
+def test_a_reports_per_document_values_are_not_read_as_a_report(tmp_path, monkeypatch):
+    """eval/parity.py writes <out>.json and <out>.docs.json; a testbed's `parity_*.json` pattern matches both."""
+    runs = {"sm-base": _run([(100, 3.5), (200, 3.3)], 4.0, 4.0), "sm-int8": _run([(100, 3.5), (200, 3.3)], 1.0, 1.0)}
+    monkeypatch.setattr(fr, "load_run", lambda p: runs.get(p.name))
+    (tmp_path / "parity_int8.json").write_text(json.dumps({"candidates": [
+        {"checkpoint": "runs/x/sm-int8", "compress": "none", "metrics": {"acc": {"n": 40, "verdict": "parity"}}}]}))
+    (tmp_path / "parity_int8.docs.json").write_text(json.dumps({"candidates": [
+        {"checkpoint": "runs/x/sm-int8", "compress": "none", "values": {"t": {"acc": [1.0, 0.0]}}}]}))
+    rows = fr.build(tmp_path, [], tmp_path / "frontier.json", fr.Testbed(
+        "SmolLM2-135M", {"sm-base": "none", "sm-int8": "int8"}, "sm-base", "sm-base-seed1", "smollm2", ("parity_*.json",)))
+    assert {r["name"]: r["parity"]["lm_eval"] for r in rows}["sm-int8"] == "parity"
