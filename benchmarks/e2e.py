@@ -81,6 +81,10 @@ bucket's size crosses an idle link at once, so a bigger floor would hide the lin
 step's hidden states) and from the first part of every compressed one."""
 
 
+BUCKET = f"a token bucket of 1 ms of traffic (at least {BURST_MIN // 1024} KiB)"
+"""How the result files describe the bucket."""
+
+
 def bucket_bytes(rate_mbit: float) -> int:
     """tbf's burst for a link of `rate_mbit`: 1 ms of traffic, at least BURST_MIN."""
     return max(BURST_MIN, int(rate_mbit * 1e6 / 8 / 1000))
@@ -115,8 +119,7 @@ class Namespaces:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
     def shape(self, rate_mbit: float) -> None:
-        """tbf on both ends of every veth. The bucket holds 1 ms of traffic, at least BURST_MIN bytes: whatever it
-        holds crosses at once when the link has been idle, so a bigger floor lets small messages through for free."""
+        """tbf on both ends of every veth, its bucket sized by `bucket_bytes`."""
         burst = bucket_bytes(rate_mbit)
         for r, ns in enumerate(self.stages):
             for where, dev in ((ns, "eth0"), (self.hub, f"v{r}")):
@@ -260,8 +263,8 @@ def write(results: list[dict], args: argparse.Namespace, mode: str) -> None:
         w = csv.DictWriter(f, list(results[0]))
         w.writeheader()
         w.writerows(results)
-    how = (f"kernel tbf rate limits on veth pairs between per-stage network namespaces, a token bucket of 1 ms of "
-           f"traffic (at least {BURST_MIN // 1024} KiB); latency added per message by the sender (no netem in this kernel)") if mode == "netns+tbf" else \
+    how = (f"kernel tbf rate limits on veth pairs between per-stage network namespaces, {BUCKET}; latency added per "
+           "message by the sender (no netem in this kernel)") if mode == "netns+tbf" else \
         "EMULATED in-process: the sender sleeps latency + bytes/rate before each message"
     command = shlex.join(["python", "benchmarks/e2e.py", *sys.argv[1:]])
     model = RECIPES[args.recipe].format(model=args.model or "small")

@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.e2e import BURST_MIN, Namespaces, netns_permitted, parse_link, run_throttled, shaped_links  # noqa: E402
+from benchmarks.e2e import BUCKET, Namespaces, netns_permitted, parse_link, run_throttled, shaped_links  # noqa: E402
 from recipes import data  # noqa: E402
 
 SPECS = ["none", "int8", "int8:rot", "int4:rot"]
@@ -201,8 +201,8 @@ def write(results: list[dict], args: argparse.Namespace, mode: str, command: str
         w.writeheader()
         w.writerows(results)
     command = command or shlex.join(["python", "benchmarks/serve.py", *sys.argv[1:]])
-    how = (f"kernel tbf rate limits between per-stage network namespaces (a token bucket of 1 ms of traffic, at least "
-           f"{BURST_MIN // 1024} KiB), latency added by each message's sender"
+    how = (f"kernel tbf rate limits between per-stage network namespaces ({BUCKET}), latency added by each message's "
+           "sender"
            if mode == "netns+tbf" else "EMULATED in-process: the sender sleeps latency + bytes/rate per message")
     blocks = f", its first {args.keep_blocks} blocks" if args.keep_blocks is not None else ""
     lines = [f"# Serving over slow links: {args.checkpoint.name}{blocks}", "",

@@ -109,9 +109,10 @@ def documents(tasks: list[str], where: Path) -> dict[str, str]:
     return {t: hashlib.sha256((where / f"{t}.jsonl").read_bytes()).hexdigest()[:16] for t in tasks}
 
 
-def scored_baseline(path: Path, tasks: list[str], where: Path, stages: int, limit: int | None) -> dict[str, dict[str, list[float]]]:
-    """The baseline's per-document values from an earlier report's <out>.docs.json, for exactly these documents."""
-    rec = json.loads(path.read_text())
+def scored_baseline(path: Path, rec: dict[str, Any], tasks: list[str], where: Path, stages: int,
+                    limit: int | None) -> dict[str, dict[str, list[float]]]:
+    """The baseline's per-document values from an earlier report's <out>.docs.json (`rec`, read from `path`), for
+    exactly these documents."""
     if (rec["stages"], rec["limit"]) != (stages, limit):
         raise SystemExit(f"{path} was scored with --stages {rec['stages']} --limit {rec['limit']}, not --stages {stages} "
                          f"--limit {limit}: pass the same ones (or the baseline's checkpoint)")
@@ -197,7 +198,7 @@ def main() -> None:
         frac = held_out_fraction(base_path)
     where = task_dir(frac)
     tasks = [t for t in build(args.corpus, where, frac=frac) if args.task is None or t.rsplit("_", 1)[-1] in args.task]
-    base = (scored_baseline(scores, tasks, where, args.stages, args.limit) if scores is not None
+    base = (scored_baseline(scores, rec, tasks, where, args.stages, args.limit) if scores is not None
             else evaluate(base_path, base_spec, tasks, where, args.stages, args.limit, cache))
     command = shlex.join(["python", "eval/parity.py", *sys.argv[1:]])
     report: dict[str, Any] = {"command": command, "baseline": {"checkpoint": str(base_path), "compress": base_spec,

@@ -149,8 +149,8 @@ def markers(name: str) -> tuple[str, str]:
 README_START, README_END = markers("frontier")
 
 
-def frontier_block(rows: list[dict], e2e: list[Path]) -> list[str]:
-    return [*frontier.table(rows), "", *old_bucket(e2e), "**Headline.** " + " ".join(frontier.headline(rows))]
+def frontier_block(rows: list[dict]) -> list[str]:
+    return [*frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows))]
 
 
 USER_SETTINGS = ("safe", "int8", "act=nf6,grad=int3:stoch", "act=tile:3.5,grad=tile:3:stoch", "aggressive", "topk:0.1")
@@ -218,19 +218,6 @@ def e2e_commands(paths: list[Path]) -> list[str]:
             if p.with_suffix(".md").exists()]
 
 
-def old_bucket(paths: list[Path]) -> list[str]:
-    """A caveat for e2e result files measured before the link's token bucket was cut to 1 ms of traffic (their .md does
-    not state the bucket): a 64 KiB bucket let each message's first 64 KiB cross an idle link at once."""
-    old = [p.with_suffix(".md").name for p in paths if p.with_suffix(".md").exists()
-           and "token bucket" not in p.with_suffix(".md").read_text()]
-    if not old:
-        return []
-    return [f"**Caveat**: {', '.join(old)} ran with the links' token bucket at 64 KiB, which lets the first 64 KiB of each "
-            "message cross an idle link at once; at 25 Mbit/s and below that flatters compressed settings, whose "
-            "messages are small (on SmolLM2 at 5 Mbit/s it had given int8:rot 2.81x where the 1 ms bucket gives 2.46x). "
-            "They have not been measured again yet.", ""]
-
-
 SM_E2E = ("python benchmarks/e2e.py --recipe finetune --stages 4 --steps 5 --link none --link 25mbit --link 5mbit@20ms "
           "--spec none --spec int8:rot --spec int8 --spec act=vq:4,grad=vq:3 --out benchmarks/results/e2e_smollm2")
 """The command that measures SmolLM2's step times over the links (the smollm2 testbed's e2e file)."""
@@ -279,7 +266,7 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
     every = frontier.build(args.results / "long", args.e2e, args.results / "frontier.json")
     rows = frontier.of_model(every)
     if args.readme is not None:
-        update_readme(args.readme, "frontier", frontier_block(rows, args.e2e))
+        update_readme(args.readme, "frontier", frontier_block(rows))
         update_readme(args.summary, "presets", presets_block(every))
     made = frontier.plot(rows, rel / "plots" / "long")
     made += curves(long, rel / "plots" / "long", LONG_GROUPS)
@@ -309,7 +296,7 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
             "The loss rule: final loss at most the baseline's plus the tolerance (twice the seed-to-seed gap, at least "
             "0.02 nats), as for the findings below; lm-eval: eval/parity.py's non-inferiority verdict (below). "
             "base-seed1's own row shows how much of a steps-to-target difference the seed alone makes.", "",
-            *frontier.table(rows), "", *old_bucket(args.e2e), "**Headline.** " + " ".join(frontier.headline(rows)), "",
+            *frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows)), "",
             *[f"![{m}]({(rel / 'plots' / 'long' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], "",
             "### The paper's six findings, re-judged", "", *findings_compared(old, new, paper),
             *(epochs_section(ftep, rel, args.results, args.readme) if ftep else []),

@@ -99,8 +99,7 @@ def test_readme_blocks_are_the_committed_results() -> None:
     assert summary == "\n".join(report.presets_block(rows)).strip() and "| `safe` |" in summary
     text = (report.ROOT / "docs" / "results.md").read_text()
     block = text.split(report.README_START, 1)[1].split(report.README_END, 1)[0]
-    e2e = report.frontier.TESTBEDS["long"].e2e_paths()
-    assert block.strip() == "\n".join(report.frontier_block(report.frontier.of_model(rows), e2e)).strip()
+    assert block.strip() == "\n".join(report.frontier_block(report.frontier.of_model(rows))).strip()
     start, end = report.markers("finetune-epochs")
     rows = json.loads((report.ROOT / "eval" / "results" / "finetune_epochs.json").read_text())
     assert text.split(start, 1)[1].split(end, 1)[0].strip() == "\n".join(report.epochs_block(rows)).strip()
@@ -125,10 +124,3 @@ def test_smollm2_block_is_the_committed_results_and_serves_uncompressed_too(tmp_
     assert "| sm-base | 3.345 | 3.200 | +0.000 |" in block and "--protocol smollm2" in block[0]
     assert "| sm-tile3.5_grad-tile3stoch | 3.393 | 3.250 | +0.050 |" in block
 
-
-def test_e2e_results_measured_with_the_old_token_bucket_carry_a_caveat(tmp_path: Path) -> None:
-    (tmp_path / "old.md").write_text("Command: `python benchmarks/e2e.py`\n\nlinks: kernel tbf rate limits\n")
-    (tmp_path / "new.md").write_text("Command: `python benchmarks/e2e.py`\n\nlinks: a token bucket of 1 ms of traffic\n")
-    assert report.old_bucket([tmp_path / "new.csv"]) == []
-    caveat = report.old_bucket([tmp_path / "old.csv", tmp_path / "new.csv"])
-    assert caveat[0].startswith("**Caveat**: old.md ran with the links' token bucket at 64 KiB")
