@@ -169,8 +169,9 @@ SMOLLM2: dict[str, str] = {
     # activations alone at <= 4 bits with vq (3.81 bits; tile:3.5 at 3.85 was +0.043 through its own codec)
     "sm-act-vq3.5": "act=vq:3.5,grad=none",
     "sm-vq2.5": "act=vq:2.5,grad=vq:2.5",  # the 3-bit moonshot with vq: 2.83 averaged
-    "sm-int8": "int8",
+    # the `aggressive` preset before per-row int8: presets need its SmolLM2 verdict more than a second int8 data point
     "sm-aggressive": "aggressive",
+    "sm-int8": "int8",
     "sm-act-tile3_grad-tile2.5stoch": "act=tile:3,grad=tile:2.5:lo=2:hi=3:stoch",  # the 3-bit moonshot, unbiased: 3.09
     "sm-topk0.1": "topk:0.1", "sm-topk0.2": "topk:0.2", "sm-topk0.3": "topk:0.3",
 }
