@@ -172,8 +172,9 @@ SMOLLM2: dict[str, str] = {
     # the `aggressive` preset before per-row int8: presets need its SmolLM2 verdict more than a second int8 data point
     "sm-aggressive": "aggressive",
     "sm-int8": "int8",
+    "sm-topk0.1": "topk:0.1", "sm-topk0.2": "topk:0.2", "sm-topk0.3": "topk:0.3",  # the paper's levels, for the frontier
+    # last: at equal bits vq has less error than tile on these tensors, and vq:2.5 is the moonshot's first candidate
     "sm-act-tile3_grad-tile2.5stoch": "act=tile:3,grad=tile:2.5:lo=2:hi=3:stoch",  # the 3-bit moonshot, unbiased: 3.09
-    "sm-topk0.1": "topk:0.1", "sm-topk0.2": "topk:0.2", "sm-topk0.3": "topk:0.3",
 }
 SM_COMMON = ["--stages", "4", "--data", "austen", "--steps", "200", "--seq-len", "128", "--micro-batch", "4",
              "--grad-accum", "4", "--val-fraction", "0.05", "--eval-every", "25", "--eval-batches", "16", "--log-every", "5",
