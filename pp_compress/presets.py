@@ -10,9 +10,10 @@ PRESETS: dict[str, str] = {
     # rotated int8 both ways: the setting with the fewest bits at parity on both rules (final loss within the seed
     # noise floor, lm-eval non-inferiority) on the real model, SmolLM2-135M (LLaMA family: outlier channels and an
     # attention sink, which per-row scales without rotation cannot fit), with a margin: its loss within half the
-    # tolerance (act=vq:4,grad=vq:3 passes both rules at 3.83 bits, but at +0.018 of 0.020, one seed so far);
-    # tests/eval/test_frontier.py holds it to the committed frontier. The small GPT has no run of it: there per-row int8, and act=nf6,grad=int3:stoch (this
-    # preset until SmolLM2 measured it worse, +0.025 against a 0.02 tolerance), are at parity on both rules
+    # tolerance (act=vq:4,grad=vq:3, at 3.83 bits, sits at the edge of both rules on its two seeds);
+    # tests/eval/test_frontier.py holds it to the committed frontier. On the small GPT, which has no outlier channels,
+    # lm-eval finds it narrowly worse, and per-row int8 and act=nf6,grad=int3:stoch (this preset until SmolLM2
+    # measured it worse) are at parity on both rules
     "safe": "int8:rot",
     # fewer bits, at a measured quality cost on the small GPT (within the loss tolerance, not lm-eval); not yet
     # measured on SmolLM2 (README "Which setting")
