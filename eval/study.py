@@ -115,6 +115,9 @@ LONG: dict[str, str] = {
     "subspace48": "none",  # the constrained architecture's own cost, nothing lossy on the wire
     # `safe` as it is now (chosen on SmolLM2): is rotated int8 at parity on this testbed too?
     "int8rot": "int8:rot",
+    # the fewest bits within the loss rule on SmolLM2 on two seeds (vector quantization of rotated tiles, 3.83 bits
+    # averaged): the `aggressive` candidate for LLaMA-family models; does this testbed agree?
+    "act-vq4_grad-vq3": "act=vq:4,grad=vq:3",
 }
 # The paper's six findings re-judged (eval/findings.py): TopK levels, one direction, feedback, AQ-SGD
 FINDINGS_RUNS = ("topk0.1", "topk0.1+ef", "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.1+aqsgd", "topk0.2", "topk0.3")
@@ -192,7 +195,7 @@ LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace
               "act-int4_grad-int3stoch-warm100",
               "act-topk0.3row-int8+ef_grad-int8", "act-lowrank8+ef21_grad-int8", "act-nf40_grad-nf5stoch", "topk0.1", "topk0.1+ef",
               "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.2", "topk0.3", "topk0.1+aqsgd", "act-nf4_grad-nf3stoch",
-              "act-int4_grad-int4stoch", "act-int3rot_grad-int4stoch", "subspace48", "int8rot"]
+              "act-int4_grad-int4stoch", "act-int3rot_grad-int4stoch", "subspace48", "int8rot", "act-vq4_grad-vq3"]
 assert sorted(LONG_ORDER) == sorted([*LONG, *FT_EPOCHS]), "every long setting runs exactly once"
 # protocol -> (names in run order, where the runs go)
 PROTOCOLS = {"short": (list(SETTINGS), ROOT / "runs" / "study"), "long": (LONG_ORDER, ROOT / "runs" / "study_long"),
