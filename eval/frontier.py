@@ -164,8 +164,9 @@ class Testbed:
 
 
 TESTBEDS = {"long": Testbed("small GPT", LONG, "base", "base-seed1", "long",
-                            # parity_int8rot: against a baseline re-trained from the same command (4.528 vs 4.530)
-                            ("parity.json", "parity_int8rot.json"),
+                            # parity_int8rot, parity_vq: against a baseline re-trained from the same command (4.528
+                            # vs 4.530)
+                            ("parity.json", "parity_int8rot.json", "parity_vq.json"),
                             e2e=("e2e_frontier", "e2e_frontier_more", "e2e_frontier_nf")),
             # lm-eval on the trained checkpoints served uncompressed: what training with compression did to the model
             # (the loss rule already validates through the run's own compression); all documents of the tasks that
