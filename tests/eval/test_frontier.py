@@ -103,7 +103,8 @@ def test_headline_is_the_fewest_bits_at_parity_on_both_rules(monkeypatch):
 
 def test_presets_follow_the_committed_frontier():
     """`safe` is the committed frontier's fewest-bits setting at parity on both rules on the real model (SmolLM2-135M)
-    with a margin: its loss delta within half the tolerance; `aggressive` has fewer bits."""
+    with a margin: its loss delta within half the tolerance; `aggressive` is the fewest-bits setting there within the
+    loss rule on every seed it ran."""
     import json
 
     import pp_compress as ppc
@@ -114,8 +115,15 @@ def test_presets_follow_the_committed_frontier():
                      and not r["options"] and r["delta"] <= r["tolerance"] / 2), key=lambda r: r["bits_avg"])
     assert parity, "no compressed setting at parity on SmolLM2-135M in eval/results/frontier.json"
     assert ppc.parse_spec(PRESETS["safe"]) == ppc.parse_spec(parity[0]["spec"])
-    aggressive = [r for r in rows if ppc.parse_spec(r["spec"]) == ppc.parse_spec(PRESETS["aggressive"]) and not r["options"]]
-    assert aggressive and aggressive[0]["bits_avg"] < parity[0]["bits_avg"]
+    real = [r for r in rows if r.get("model") == "SmolLM2-135M" and r["wire_ratio"] > 1.01 and not r["options"]]
+    by_spec: dict[str, list[dict]] = {}
+    for r in real:
+        by_spec.setdefault(str(ppc.parse_spec(r["spec"])), []).append(r)
+    within = sorted((rs for rs in by_spec.values() if all(r["parity"]["loss_rule"] == "parity" for r in rs)),
+                    key=lambda rs: rs[0]["bits_avg"])
+    assert str(ppc.parse_spec(PRESETS["aggressive"])) == str(ppc.parse_spec(within[0][0]["spec"]))
+    assert len(within[0]) >= 2, "aggressive's loss verdict on SmolLM2 rests on two seeds"
+    assert within[0][0]["bits_avg"] < parity[0]["bits_avg"]
 
 
 def test_a_speedup_from_another_e2e_run_shows_its_own_r():
