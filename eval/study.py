@@ -241,6 +241,8 @@ def main() -> None:
         if not (out / "summary.json").exists():
             t0 = time.perf_counter()
             again = "--resume" if (out / "ckpt" / "latest").exists() else "--overwrite"  # a run cut off goes on
+            # a run takes up to an hour and its output is captured: say where to follow it
+            print(f"{name:24s} {spec:34s} {again}: running, its log grows in {out / 'metrics.jsonl'}", flush=True)
             try:
                 rc, log = run_job(ROOT / "recipes" / recipe, nproc, *recipe_args, "--pp-compress", spec, "--out", str(out), again,
                                   timeout=7200)

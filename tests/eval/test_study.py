@@ -10,7 +10,8 @@ import pytest
 from eval import study
 
 
-def test_landed_smollm2_settings_are_not_trained_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_landed_smollm2_settings_are_not_trained_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     results = tmp_path / "eval" / "results" / "smollm2"
     for name, files in (("sm-base", ("summary.json", "infer_none.json")), ("sm-safe", ("summary.json",))):
         (results / name).mkdir(parents=True)
@@ -29,6 +30,8 @@ def test_landed_smollm2_settings_are_not_trained_again(tmp_path: Path, monkeypat
                                       "--runs", str(tmp_path / "runs")])
     study.main()
     assert trained == [str(tmp_path / "runs" / "sm-safe")]
+    # an hour-long run says where its progress shows before it starts
+    assert f"running, its log grows in {tmp_path / 'runs' / 'sm-safe' / 'metrics.jsonl'}" in capsys.readouterr().out
 
 
 def test_retrain_trains_landed_settings_again_and_keeps_their_committed_logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
