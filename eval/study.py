@@ -174,7 +174,13 @@ SMOLLM2: dict[str, str] = {
     # the `aggressive` preset when it ran (it is act=vq:4,grad=vq:3 since SmolLM2 measured this far worse)
     "sm-aggressive": "act=nf5,grad=nf2:stoch",
     "sm-int8": "int8",
-    "sm-topk0.1": "topk:0.1", "sm-topk0.2": "topk:0.2", "sm-topk0.3": "topk:0.3",  # the paper's levels, for the frontier
+    "sm-topk0.1": "topk:0.1",
+    # the 3-bit moonshot with the bits where the error is: the first cut (after block 8) has 3-5x the relative error
+    # of the deeper two at any vq width (benchmarks/results/boundary_error_smollm2_moon.md), so it gets 6.33-bit
+    # scalar codes and the deeper cuts 2.83-bit pairs (4.0 forward); gradients, whose 3.3-bit codes cost about the
+    # seed gap, get 4-dim 1.83-bit codes: 2.92 averaged, with less activation error than act=vq:4,grad=vq:3
+    "sm-act-vq2.5-b0vq6_grad-vq1.5d4": "act=vq:2.5,b0.act=vq:6:dim=1,grad=vq:1.5:dim=4",
+    "sm-topk0.2": "topk:0.2", "sm-topk0.3": "topk:0.3",  # the paper's levels, for the frontier
     # last: at equal bits vq has less error than tile on these tensors
     "sm-act-tile3_grad-tile2.5stoch": "act=tile:3,grad=tile:2.5:lo=2:hi=3:stoch",  # the 3-bit moonshot, unbiased: 3.09
     # the 3-bit moonshot with vq (2.83 averaged), last: its first run's first evaluation was far past the tolerance, so
