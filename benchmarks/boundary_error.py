@@ -10,11 +10,15 @@ places them for --stages) it takes what the pipeline would send: the activation 
         --out benchmarks/results/boundary_error_smollm2.md     # a transformers folder (make models) on a corpus
 
 Each cut's error is also listed on its own (--per-cut), since a LLaMA model's outlier channels grow with depth.
+Relative error over a whole tensor is a poor guide where one token (an attention sink) holds most of its norm: what
+decides is what an error does to the loss. --loss adds, per cut, the held-out loss with only that cut's activation
+replaced by its round trip (the rest of the model runs forward from there), minus the loss without compression.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,15 +38,19 @@ SPECS = ["int8", "int8:rot", "tile:3.5", "tile:3", "tile:4:lo=4", "tile:3.5:pivo
          "nf3", "nf3:stoch", "nf2:stoch", "nf:48", "nf:40", "nf:7:stoch", "nf:6:stoch", "nf:5:stoch", "nf:3:stoch", "nat:bits=4", "fp8", "topk:0.3:per=row>int8", "lowrank:8"]
 
 
+LossWith = Callable[[int, torch.Tensor], float]
+"""(cut, replacement activation) -> the held-out loss with that cut's activation replaced."""
+
+
 def boundary_tensors(run: Path, corpus: str, frac: float, stages: int, rows: int,
-                     seq: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                     seq: int) -> tuple[list[torch.Tensor], list[torch.Tensor], LossWith, float]:
     """(activations, activation-gradients) at each stage cut, on `rows` x `seq` held-out tokens of `corpus` (the
-    last `frac` of every file)."""
+    last `frac` of every file), with the loss as a function of one cut's activation, and the loss itself."""
     model, tok, trained_seq = load_model(run)
     val = data.lm_datasets(data.corpus_files(corpus), tok, min(seq, trained_seq), frac)[1]
     batch = val.select(range(min(rows, len(val))))
     ids, labels = torch.tensor(batch["input_ids"]), torch.tensor(batch["labels"])  # (rows, seq) each
-    cuts, acts = set(int(c) for c in stage_cuts(model.cfg, stages)), []
+    cuts, acts, outs = set(int(c) for c in stage_cuts(model.cfg, stages)), [], []
     x = ids
     for i, layer in enumerate(model.layers):
         x = layer(x)
@@ -50,19 +58,35 @@ def boundary_tensors(run: Path, corpus: str, frac: float, stages: int, rows: int
             h = x[0] if isinstance(x, tuple) else x  # (rows, seq, d), or (seq, rows, d) for the sbh layout
             h.retain_grad()
             acts.append(h)
-    gpt.lm_loss(x, labels).backward()
-    return [a.detach() for a in acts], [a.grad for a in acts]
+            outs.append((i, x))
+    loss = gpt.lm_loss(x, labels)
+    loss.backward()
+
+    @torch.no_grad()
+    def loss_with(cut: int, h: torch.Tensor) -> float:
+        i, out = outs[cut]
+        y = (h, *out[1:]) if isinstance(out, tuple) else h  # what the next stage would receive
+        for layer in model.layers[i + 1:]:
+            y = layer(y)
+        return gpt.lm_loss(y, labels).item()
+
+    return [a.detach() for a in acts], [a.grad for a in acts], loss_with, loss.item()
 
 
-def row(spec: str, tensors: list[torch.Tensor], per_cut: bool = False) -> list[str]:
-    op, errs, bits = ppc.build(spec), [], []
+def row(spec: str, tensors: list[torch.Tensor], per_cut: bool = False,
+        loss: tuple[LossWith, float] | None = None) -> list[str]:
+    """Bits and error of one spec; with `loss` (loss_with, uncompressed loss), each cut's loss increase too."""
+    op, errs, bits, deltas = ppc.build(spec), [], [], []
     for i, t in enumerate(tensors):
         ctx = ppc.Context(boundary=i, seed=i)
         y, p = op.roundtrip(t, ctx)
         errs.append(((t - y).norm() / t.norm()).item())
         bits.append(p.nbytes * 8 / t.numel())
+        if loss is not None:
+            deltas.append(loss[0](i, y) - loss[1])
     cells = [f"`{spec}`", f"{sum(bits) / len(bits):.3f}", f"{sum(errs) / len(errs):.4f}"]
-    return cells + [f"{e:.4f}" for e in errs] if per_cut else cells
+    cells += [f"{e:.4f}" for e in errs] if per_cut else []
+    return cells + [f"{d:+.4f}" for d in deltas]
 
 
 def main() -> None:
@@ -76,6 +100,8 @@ def main() -> None:
     ap.add_argument("--corpus", default=None, help="held-out text to run (default: a pretraining run's own corpus; "
                                                    "needed for a transformers folder)")
     ap.add_argument("--per-cut", action="store_true", help="also one error column per cut")
+    ap.add_argument("--loss", action="store_true", help="also, per cut, the held-out loss increase with only that "
+                                                        "cut's activation compressed")
     args = ap.parse_args()
     record = data.run_record(args.run)
     if record is not None:
@@ -91,17 +117,22 @@ def main() -> None:
         ap.error(f"--corpus {corpus!r}: accepted: {', '.join(data.CORPORA)} (a finetuning run or a transformers folder "
                  "has no pretraining corpus of its own)")
     torch.manual_seed(0)
-    acts, grads = boundary_tensors(args.run, corpus, frac, args.stages, args.rows, args.seq)
+    acts, grads, loss_with, base_loss = boundary_tensors(args.run, corpus, frac, args.stages, args.rows, args.seq)
     specs = args.spec or SPECS
     cut_cols = [f"cut {i + 1}" for i in range(len(acts))] if args.per_cut else []
     header = ["spec", "bits/element", "rel. error, mean over cuts", *cut_cols]
-    tables = [markdown(header, [row(s, ts, args.per_cut) for s in specs]) for ts in (acts, grads)]
+    loss_cols = [f"loss +, cut {i + 1} only" for i in range(len(acts))] if args.loss else []
+    tables = [markdown(header + loss_cols, [row(s, acts, args.per_cut, (loss_with, base_loss) if args.loss else None)
+                                            for s in specs]),
+              markdown(header, [row(s, grads, args.per_cut) for s in specs])]
+    loss_note = (f"\n\nThe loss columns: held-out loss with only that cut's activation compressed, minus the loss "
+                 f"without compression ({base_loss:.4f}), on the same tokens." if args.loss else "")
     command = " ".join(["python", "benchmarks/boundary_error.py", *sys.argv[1:]])
     cuts = ", ".join(f"after block {c}" for c in stage_cuts(load_model(args.run)[0].cfg, args.stages))
     text = (f"# Operators on the boundary tensors of {args.run.name}\n\nCommand: `{command}`\n\n"
             f"{len(acts)} cuts ({cuts}; layer 0 is the embedding), {args.rows} x {args.seq} held-out tokens of "
             f"{corpus}; torch {torch.__version__}\n\n"
-            f"## Activations (forward)\n\nFirst cut: {describe(acts[0])}\n\n{tables[0]}\n\n"
+            f"## Activations (forward)\n\nFirst cut: {describe(acts[0])}{loss_note}\n\n{tables[0]}\n\n"
             f"## Activation-gradients (backward)\n\nFirst cut: {describe(grads[0])}\n\n{tables[1]}\n")
     print(text)
     out = args.out or ROOT / "benchmarks" / "results" / f"boundary_error_{args.run.name}.md"

@@ -26,3 +26,20 @@ def test_boundary_error_on_a_trained_run(tiny_run, tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks/boundary_error.py"), "--run", str(tmp_path)],
                          capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2 and "neither a recipe run (run.json) nor a transformers folder" in bad.stderr
+
+
+def test_boundary_error_loss_columns(tiny_run, tmp_path):
+    """--loss: uncompressed replacement costs exactly nothing, and coarser codes cost more loss."""
+    run, cache = tiny_run
+    out = tmp_path / "t.md"
+    env = {"PYTHONPATH": str(ROOT), "PP_COMPRESS_CACHE": str(cache), "HF_HOME": str(cache / "hf"), "PATH": "/usr/bin:/bin",
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "benchmarks/boundary_error.py"), "--run", str(run), "--stages", "2", "--rows", "4",
+           "--seq", "32", "--spec", "none", "--spec", "int8", "--spec", "int2", "--loss", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    fwd, bwd = out.read_text().split("## Activation-gradients")
+    assert "loss +, cut 1 only" in fwd and "loss +" not in bwd
+    deltas = {m[0]: float(m[1]) for m in re.findall(r"\| `(\S+)`\s*\|[^\n]*\| ([+-][\d.]+)\s*\|\n", fwd)}
+    assert deltas["none"] == 0.0
+    assert abs(deltas["int8"]) < deltas["int2"]
