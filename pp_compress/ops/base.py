@@ -359,4 +359,7 @@ def format_op(cfg: OpConfig) -> str:
 
 
 def _fmt(value: Any) -> str:
-    return repr(value) if isinstance(value, float) else str(value)
+    """A float as the user would type it (`vq:4`, not `vq:4.0`), exactly enough to parse back to the same value."""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+    return str(value)

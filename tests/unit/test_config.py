@@ -39,6 +39,8 @@ def test_canonical_forms():
     assert str(CompressorSpec.parse("int8:per=row:scale=bf16")) == "int8"
     assert str(CompressorSpec.parse("fp8")) == "fp8:e4m3"
     assert str(CompressorSpec.parse("none")) == "identity"
+    assert str(CompressorSpec.parse("vq:4:dim=2")) == "vq:4"  # a whole float as typed, not vq:4.0
+    assert str(CompressorSpec.parse("topk:1.0")) == "topk:1" and CompressorSpec.parse("topk:1").ops[0].ratio == 1.0
 
 
 def test_spec_for_overrides_and_eval():
