@@ -6,16 +6,21 @@ import sys
 from tests.integration.launch import ROOT
 
 
-def test_boundary_error_on_a_trained_run(tiny_run, tmp_path):
+def _run(tiny_run, tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """boundary_error.py on the tiny run's 2-stage cut, 4 x 32 tokens -> (the process, its markdown)."""
     run, cache = tiny_run
     out = tmp_path / "t.md"
     env = {"PYTHONPATH": str(ROOT), "PP_COMPRESS_CACHE": str(cache), "HF_HOME": str(cache / "hf"), "PATH": "/usr/bin:/bin",
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(ROOT / "benchmarks/boundary_error.py"), "--run", str(run), "--stages", "2", "--rows", "4",
-           "--seq", "32", "--spec", "int8", "--spec", "int4", "--spec", "int4:per=block32", "--out", str(out)]
+           "--seq", "32", *args, "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    text = out.read_text()
+    return res, out.read_text()
+
+
+def test_boundary_error_on_a_trained_run(tiny_run, tmp_path):
+    _, text = _run(tiny_run, tmp_path, "--spec", "int8", "--spec", "int4", "--spec", "int4:per=block32")
     assert re.search(r"1 cuts \(after block \d+; layer 0 is the embedding\), 4 x 32 held-out tokens of fixture", text)
     fwd, bwd = text.split("## Activation-gradients")
     for part in (fwd, bwd):
@@ -24,21 +29,15 @@ def test_boundary_error_on_a_trained_run(tiny_run, tmp_path):
         assert rows["int8"][0] > rows["int4:per=block32"][0] > rows["int4"][0]  # bits
         assert 0 < rows["int8"][1] < rows["int4:per=block32"][1] < rows["int4"][1]  # a nonzero gradient, finer scales help
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks/boundary_error.py"), "--run", str(tmp_path)],
-                         capture_output=True, text=True, env=env, timeout=300)
+                         capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+                         timeout=300)
     assert bad.returncode == 2 and "neither a recipe run (run.json) nor a transformers folder" in bad.stderr
 
 
 def test_boundary_error_loss_columns(tiny_run, tmp_path):
     """--loss: uncompressed replacement costs exactly nothing, and coarser codes cost more loss."""
-    run, cache = tiny_run
-    out = tmp_path / "t.md"
-    env = {"PYTHONPATH": str(ROOT), "PP_COMPRESS_CACHE": str(cache), "HF_HOME": str(cache / "hf"), "PATH": "/usr/bin:/bin",
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(ROOT / "benchmarks/boundary_error.py"), "--run", str(run), "--stages", "2", "--rows", "4",
-           "--seq", "32", "--spec", "none", "--spec", "int8", "--spec", "int2", "--loss", "--out", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    fwd, bwd = out.read_text().split("## Activation-gradients")
+    _, text = _run(tiny_run, tmp_path, "--spec", "none", "--spec", "int8", "--spec", "int2", "--loss")
+    fwd, bwd = text.split("## Activation-gradients")
     assert "loss +, cut 1 only" in fwd and "loss +" not in bwd
     deltas = {m[0]: float(m[1]) for m in re.findall(r"\| `(\S+)`\s*\|[^\n]*\| ([+-][\d.]+)\s*\|\n", fwd)}
     assert deltas["none"] == 0.0
