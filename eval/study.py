@@ -181,9 +181,9 @@ SMOLLM2: dict[str, str] = {
     # tolerance whatever training did (its first run, act=vq:2.5,grad=vq:2.5, was +0.133 at step 25). What training
     # at 2.83 bits does to the model is the question; int8:rot alone costs ~0.002 at inference.
     "sm-vq2.5-serve-int8rot": "act=vq:2.5,grad=vq:2.5,eval=int8:rot",
-    "sm-topk0.2": "topk:0.2",
+    "sm-topk0.2": "topk:0.2", "sm-topk0.3": "topk:0.3",  # the paper's levels, for the frontier
+    # after TopK: the first seed was +0.020 and +0.027 at steps 25 and 50, at the tolerance's edge or past it
     "sm-vq2.5-serve-int8rot-seed1": "act=vq:2.5,grad=vq:2.5,eval=int8:rot",
-    "sm-topk0.3": "topk:0.3",  # the paper's levels, for the frontier
     # the 3-bit moonshot with tile, unbiased (3.09 bits), last: at equal bits vq has less error and less loss
     "sm-act-tile3_grad-tile2.5stoch": "act=tile:3,grad=tile:2.5:lo=2:hi=3:stoch",
 }
