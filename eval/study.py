@@ -182,6 +182,9 @@ SMOLLM2: dict[str, str] = {
     # at 2.83 bits does to the model is the question; int8:rot alone costs ~0.002 at inference.
     "sm-vq2.5-serve-int8rot": "act=vq:2.5,grad=vq:2.5,eval=int8:rot",
     "sm-topk0.2": "topk:0.2", "sm-topk0.3": "topk:0.3",  # the paper's levels, for the frontier
+    # the same 2.83 bits split the other way: which direction's error does training at <= 3 bits tolerate? (served
+    # uncompressed, 3.3-bit gradients have cost up to +0.015 and 3.8-bit activations alone +0.006)
+    "sm-act-vq2_grad-vq3-serve-int8rot": "act=vq:2,grad=vq:3,eval=int8:rot",
     # after TopK: the first seed was +0.020 and +0.027 at steps 25 and 50, at the tolerance's edge or past it
     "sm-vq2.5-serve-int8rot-seed1": "act=vq:2.5,grad=vq:2.5,eval=int8:rot",
     # the 3-bit moonshot with tile, unbiased (3.09 bits), last: at equal bits vq has less error and less loss
