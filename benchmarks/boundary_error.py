@@ -12,7 +12,8 @@ places them for --stages) it takes what the pipeline would send: the activation 
 Each cut's error is also listed on its own (--per-cut), since a LLaMA model's outlier channels grow with depth.
 Relative error over a whole tensor is a poor guide where one token (an attention sink) holds most of its norm: what
 decides is what an error does to the loss. --loss adds, per cut, the held-out loss with only that cut's activation
-replaced by its round trip (the rest of the model runs forward from there), minus the loss without compression.
+replaced by its round trip (the rest of the model runs forward from there), then with every cut's replaced as the
+pipeline would, each minus the loss without compression.
 """
 from __future__ import annotations
 
@@ -38,14 +39,16 @@ SPECS = ["int8", "int8:rot", "tile:3.5", "tile:3", "tile:4:lo=4", "tile:3.5:pivo
          "nf3", "nf3:stoch", "nf2:stoch", "nf:48", "nf:40", "nf:7:stoch", "nf:6:stoch", "nf:5:stoch", "nf:3:stoch", "nat:bits=4", "fp8", "topk:0.3:per=row>int8", "lowrank:8"]
 
 
-LossWith = Callable[[int, torch.Tensor], float]
-"""(cut, replacement activation) -> the held-out loss with that cut's activation replaced."""
+Codec = Callable[[torch.Tensor], torch.Tensor]
+LossWith = Callable[[dict[int, Codec]], float]
+"""{cut: round trip} -> the held-out loss with those cuts' activations sent through their round trips, in order (a
+later cut's activation is computed from what the earlier ones received, as in the pipeline)."""
 
 
 def boundary_tensors(run: Path, corpus: str, frac: float, stages: int, rows: int,
                      seq: int) -> tuple[list[torch.Tensor], list[torch.Tensor], LossWith, float]:
     """(activations, activation-gradients) at each stage cut, on `rows` x `seq` held-out tokens of `corpus` (the
-    last `frac` of every file), with the loss as a function of one cut's activation, and the loss itself."""
+    last `frac` of every file), with the loss as a function of the cuts' activations, and the loss itself."""
     model, tok, trained_seq = load_model(run)
     val = data.lm_datasets(data.corpus_files(corpus), tok, min(seq, trained_seq), frac)[1]
     batch = val.select(range(min(rows, len(val))))
@@ -63,11 +66,13 @@ def boundary_tensors(run: Path, corpus: str, frac: float, stages: int, rows: int
     loss.backward()
 
     @torch.no_grad()
-    def loss_with(cut: int, h: torch.Tensor) -> float:
-        i, out = outs[cut]
-        y = (h, *out[1:]) if isinstance(out, tuple) else h  # what the next stage would receive
-        for layer in model.layers[i + 1:]:
-            y = layer(y)
+    def loss_with(codecs: dict[int, Codec]) -> float:
+        at = {outs[c][0]: f for c, f in codecs.items()}  # layer index -> the round trip of what it sends
+        i, y = outs[min(codecs)]
+        for j, layer in enumerate(model.layers[i:], start=i):
+            y = layer(y) if j > i else y
+            if j in at:
+                y = (at[j](y[0]), *y[1:]) if isinstance(y, tuple) else at[j](y)
         return gpt.lm_loss(y, labels).item()
 
     return [a.detach() for a in acts], [a.grad for a in acts], loss_with, loss.item()
@@ -75,15 +80,16 @@ def boundary_tensors(run: Path, corpus: str, frac: float, stages: int, rows: int
 
 def row(spec: str, tensors: list[torch.Tensor], per_cut: bool = False,
         loss: tuple[LossWith, float] | None = None) -> list[str]:
-    """Bits and error of one spec; with `loss` (loss_with, uncompressed loss), each cut's loss increase too."""
+    """Bits and error of one spec; with `loss` (loss_with, uncompressed loss), the loss increase with each cut's
+    activation compressed alone, then with all of them."""
     op, errs, bits, deltas = ppc.build(spec), [], [], []
+    codecs = {i: (lambda x, i=i: op.roundtrip(x, ppc.Context(boundary=i, seed=i))[0]) for i in range(len(tensors))}
     for i, t in enumerate(tensors):
-        ctx = ppc.Context(boundary=i, seed=i)
-        y, p = op.roundtrip(t, ctx)
+        y, p = op.roundtrip(t, ppc.Context(boundary=i, seed=i))
         errs.append(((t - y).norm() / t.norm()).item())
         bits.append(p.nbytes * 8 / t.numel())
-        if loss is not None:
-            deltas.append(loss[0](i, y) - loss[1])
+    if loss is not None:
+        deltas = [loss[0]({i: f}) - loss[1] for i, f in codecs.items()] + [loss[0](codecs) - loss[1]]
     cells = [f"`{spec}`", f"{sum(bits) / len(bits):.3f}", f"{sum(errs) / len(errs):.4f}"]
     cells += [f"{e:.4f}" for e in errs] if per_cut else []
     return cells + [f"{d:+.4f}" for d in deltas]
@@ -121,12 +127,12 @@ def main() -> None:
     specs = args.spec or SPECS
     cut_cols = [f"cut {i + 1}" for i in range(len(acts))] if args.per_cut else []
     header = ["spec", "bits/element", "rel. error, mean over cuts", *cut_cols]
-    loss_cols = [f"loss +, cut {i + 1} only" for i in range(len(acts))] if args.loss else []
+    loss_cols = [*(f"loss +, cut {i + 1} only" for i in range(len(acts))), "loss +, all cuts"] if args.loss else []
     tables = [markdown(header + loss_cols, [row(s, acts, args.per_cut, (loss_with, base_loss) if args.loss else None)
                                             for s in specs]),
               markdown(header, [row(s, grads, args.per_cut) for s in specs])]
-    loss_note = (f"\n\nThe loss columns: held-out loss with only that cut's activation compressed, minus the loss "
-                 f"without compression ({base_loss:.4f}), on the same tokens." if args.loss else "")
+    loss_note = (f"\n\nThe loss columns: held-out loss with only that cut's activation compressed, then with every "
+                 f"cut's, minus the loss without compression ({base_loss:.4f}), on the same tokens." if args.loss else "")
     command = " ".join(["python", "benchmarks/boundary_error.py", *sys.argv[1:]])
     cuts = ", ".join(f"after block {c}" for c in stage_cuts(load_model(args.run)[0].cfg, args.stages))
     text = (f"# Operators on the boundary tensors of {args.run.name}\n\nCommand: `{command}`\n\n"

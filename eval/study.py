@@ -175,11 +175,11 @@ SMOLLM2: dict[str, str] = {
     "sm-aggressive": "act=nf5,grad=nf2:stoch",
     "sm-int8": "int8",
     "sm-topk0.1": "topk:0.1",
-    # the 3-bit moonshot with vq (2.83 bits averaged), served through rotated int8. An activation codec's cost at
-    # inference is about the sum of what it costs at each cut alone, and vq:2.5 costs ~0.04 at every cut
-    # (benchmarks/results/boundary_loss_smollm2.md): validated through vq:2.5 this run could not be within the
-    # tolerance whatever training did (its first run, act=vq:2.5,grad=vq:2.5, was +0.133 at step 25). What training
-    # at 2.83 bits does to the model is the question; int8:rot alone costs ~0.002 at inference.
+    # the 3-bit moonshot with vq (2.83 bits averaged), served through rotated int8. vq:2.5 at the three cuts costs
+    # the baseline +0.138 at inference (benchmarks/results/boundary_loss_smollm2.md), and vq's trained runs end at
+    # what their codec costs the baseline: validated through vq:2.5 this run could not be within the tolerance
+    # whatever training did (its first run, act=vq:2.5,grad=vq:2.5, was +0.133 at step 25). What training at 2.83
+    # bits does to the model is the question; int8:rot costs the baseline +0.001.
     "sm-vq2.5-serve-int8rot": "act=vq:2.5,grad=vq:2.5,eval=int8:rot",
     "sm-topk0.2": "topk:0.2", "sm-topk0.3": "topk:0.3",  # the paper's levels, for the frontier
     # the same 2.83 bits split the other way: which direction's error does training at <= 3 bits tolerate? (served

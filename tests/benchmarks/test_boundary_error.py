@@ -38,7 +38,9 @@ def test_boundary_error_loss_columns(tiny_run, tmp_path):
     """--loss: uncompressed replacement costs exactly nothing, and coarser codes cost more loss."""
     _, text = _run(tiny_run, tmp_path, "--spec", "none", "--spec", "int8", "--spec", "int2", "--loss")
     fwd, bwd = text.split("## Activation-gradients")
-    assert "loss +, cut 1 only" in fwd and "loss +" not in bwd
-    deltas = {m[0]: float(m[1]) for m in re.findall(r"\| `(\S+)`\s*\|[^\n]*\| ([+-][\d.]+)\s*\|\n", fwd)}
-    assert deltas["none"] == 0.0
-    assert abs(deltas["int8"]) < deltas["int2"]
+    assert "loss +, cut 1 only" in fwd and "loss +, all cuts" in fwd and "loss +" not in bwd
+    deltas = {m[0]: (float(m[1]), float(m[2]))
+              for m in re.findall(r"\| `(\S+)`\s*\|[^\n]*\| ([+-][\d.]+)\s*\| ([+-][\d.]+)\s*\|\n", fwd)}
+    assert deltas["none"] == (0.0, 0.0)
+    assert abs(deltas["int8"][0]) < deltas["int2"][0]
+    assert all(alone == every for alone, every in deltas.values())  # one cut: every cut is that cut
