@@ -185,16 +185,13 @@ SMOLLM2: dict[str, str] = {
     # the same 2.83 bits split the other way: which direction's error does training at <= 3 bits tolerate? (served
     # uncompressed, 3.3-bit gradients have cost up to +0.015 and 3.8-bit activations alone +0.006)
     "sm-act-vq2_grad-vq3-serve-int8rot": "act=vq:2,grad=vq:3,eval=int8:rot",
-    # after TopK: the first seed was +0.020 and +0.027 at steps 25 and 50, at the tolerance's edge or past it
-    "sm-vq2.5-serve-int8rot-seed1": "act=vq:2.5,grad=vq:2.5,eval=int8:rot",
     # the 3-bit moonshot with tile, unbiased (3.09 bits), last: at equal bits vq has less error and less loss
     "sm-act-tile3_grad-tile2.5stoch": "act=tile:3,grad=tile:2.5:lo=2:hi=3:stoch",
 }
 SM_COMMON = ["--stages", "4", "--data", "austen", "--steps", "200", "--seq-len", "128", "--micro-batch", "4",
              "--grad-accum", "4", "--val-fraction", "0.05", "--eval-every", "25", "--eval-batches", "16", "--log-every", "5",
              "--lr", "1e-4", "--save-every", "50", "--keep-checkpoints", "1"]
-SEEDS["sm-base-seed1"] = SEEDS["sm-tile3.5_grad-tile3stoch-seed1"] = SEEDS["sm-act-vq4_grad-vq3-seed1"] = \
-    SEEDS["sm-vq2.5-serve-int8rot-seed1"] = 1
+SEEDS["sm-base-seed1"] = SEEDS["sm-tile3.5_grad-tile3stoch-seed1"] = SEEDS["sm-act-vq4_grad-vq3-seed1"] = 1
 # The long study's run order: what a session can finish first is what the issue's goals need most (a <= 4-bit
 # candidate, AQ-SGD's multi-epoch deltas, one run per family, the findings' core), then the rest.
 LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace48-int8", "act-int8_grad-int3stoch",
