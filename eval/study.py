@@ -175,19 +175,16 @@ SMOLLM2: dict[str, str] = {
     "sm-aggressive": "act=nf5,grad=nf2:stoch",
     "sm-int8": "int8",
     "sm-topk0.1": "topk:0.1",
-    # the 3-bit moonshot with vq (2.83 bits averaged), served through rotated int8. vq:2.5 at the three cuts costs
-    # the baseline +0.138 at inference (benchmarks/results/boundary_loss_smollm2.md), and vq's trained runs end at
-    # what their codec costs the baseline: validated through vq:2.5 this run could not be within the tolerance
-    # whatever training did (its first run, act=vq:2.5,grad=vq:2.5, was +0.133 at step 25). What training at 2.83
-    # bits does to the model is the question; int8:rot costs the baseline +0.001.
+    # the 3-bit moonshot with vq (2.83 bits averaged), validated and served through rotated int8: vq's trained runs
+    # end at what their codec alone costs the baseline at inference, and vq:2.5's cost there is far past the
+    # tolerance (benchmarks/results/boundary_loss_smollm2.md), so through its own codec no such run could pass. What
+    # training at 2.83 bits does to the model is the question, and int8:rot costs the baseline next to nothing.
     "sm-vq2.5-serve-int8rot": "act=vq:2.5,grad=vq:2.5,eval=int8:rot",
     "sm-topk0.2": "topk:0.2", "sm-topk0.3": "topk:0.3",  # the paper's levels, for the frontier
-    # the same 2.83 bits split the other way: which direction's error does training at <= 3 bits tolerate? (served
-    # uncompressed, 3.3-bit gradients have cost up to +0.015 and 3.8-bit activations alone +0.006)
+    # the same 2.83 bits split the other way: which direction's error does training at <= 3 bits tolerate?
     "sm-act-vq2_grad-vq3-serve-int8rot": "act=vq:2,grad=vq:3,eval=int8:rot",
     # unbiased (stochastically rounded) 2.85-bit gradients against vq's nearest-rounded 2.83, with 3.33-bit
-    # activations (3.09 averaged), served through int8:rot like the vq moonshot: through tile:3 itself it could not
-    # pass (tile:3.5 at three cuts costs the baseline +0.046)
+    # activations (3.09 averaged), served through int8:rot like the vq moonshot, for the same reason
     "sm-act-tile3_grad-tile2.5stoch-serve-int8rot": "act=tile:3,grad=tile:2.5:lo=2:hi=3:stoch,eval=int8:rot",
 }
 SM_COMMON = ["--stages", "4", "--data", "austen", "--steps", "200", "--seq-len", "128", "--micro-batch", "4",
