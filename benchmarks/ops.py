@@ -125,7 +125,8 @@ def main() -> None:
         w.writerows(rows)
     command = " ".join(["python", "benchmarks/ops.py", *map(shlex.quote, sys.argv[1:])])
     lines = [f"Command: `OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} {command}`", "",
-             f"Device: {device} ({torch.get_num_threads()} threads), torch {torch.__version__}; medians of {args.reps} runs.", "",
+             f"Device: {device} ({torch.cuda.get_device_name(device) + ', ' if device.type == 'cuda' else ''}"
+             f"{torch.get_num_threads()} threads), torch {torch.__version__}; medians of {args.reps} runs.", "",
              "| shape | dtype | spec | clone GB/s | copy_ GB/s | compress ms | decompress ms | codec GB/s | vs clone | vs copy_ | torch.topk ms | ratio | rel. error |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
