@@ -1,8 +1,9 @@
 #!/bin/bash
 # The checks that need a CUDA device, in one go, for a GPU machine lent for a few minutes:
 #   bash benchmarks/cuda_check.sh [OUT_DIR]      (default benchmarks/results)
-# 1. tests/unit/ops/test_cuda.py: every preset operator keeps its payload on the device, its bytes match the layout,
-#    and its codes equal the CPU reference's;
+# 1. tests/unit/ops/test_cuda.py and tests/unit/test_cuda.py: every preset operator keeps its payload on the device
+#    with the layout's bytes and reconstructs as on CPU; error-feedback state stays on the device, the same on both
+#    sides; payloads cross through device buffers; the in-process boundary trains;
 # 2. benchmarks/ops.py on the device: each preset codec's throughput next to memcpy (clone and copy_), fused next to
 #    eager, at a Megatron-sized activation in fp32 and bf16.
 # Needs only torch (and pytest, hypothesis, scipy for the tests); DeepSpeed is not used.
@@ -12,7 +13,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 nvidia-smi -L
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" || exit 1
-python3 -m pytest -q -p no:cacheprovider tests/unit/ops/test_cuda.py 2>&1 | tee "$out/cuda_tests.log"
+python3 -m pytest -q -p no:cacheprovider tests/unit/ops/test_cuda.py tests/unit/test_cuda.py 2>&1 | tee "$out/cuda_tests.log"
 tests_rc=$?
 python3 benchmarks/ops.py --device cuda --presets --spec bf16 --spec fp8 --spec int8:compile --spec topk:0.1 \
     --shape 4x1024x1024 --shape 8x1024x2048 --dtype fp32 --dtype bf16 --out "$out/ops_cuda" || exit 1
