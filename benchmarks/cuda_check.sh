@@ -5,7 +5,8 @@
 #    with the layout's bytes and reconstructs as on CPU; error-feedback state stays on the device, the same on both
 #    sides; payloads cross through device buffers; the in-process boundary trains;
 # 2. benchmarks/ops.py on the device: each preset codec's throughput next to memcpy (clone and copy_), fused next to
-#    eager, at a Megatron-sized activation in fp32 and bf16.
+#    eager, at a Megatron-sized activation in fp32 and bf16;
+# 3. benchmarks/codec_profile.py: where each preset codec's time goes there (kernels, launches, host syncs).
 # Needs only torch (and pytest, hypothesis, scipy for the tests); DeepSpeed is not used.
 set -o pipefail
 out=${1:-benchmarks/results}
@@ -17,4 +18,9 @@ python3 -m pytest -q -p no:cacheprovider tests/unit/ops/test_cuda.py tests/unit/
 tests_rc=$?
 python3 benchmarks/ops.py --device cuda --presets --spec bf16 --spec fp8 --spec int8:compile --spec topk:0.1 \
     --shape 4x1024x1024 --shape 8x1024x2048 --dtype fp32 --dtype bf16 --out "$out/ops_cuda" || exit 1
+specs="--spec bf16 --spec int8 --spec int8:rot --spec nf6 --spec int3:stoch --spec topk:0.1 --spec tile:3.5 --spec vq:4 --spec vq:3"
+for dtype in fp32 bf16; do
+    python3 benchmarks/codec_profile.py --device cuda $specs --shape 8x1024x2048 --dtype $dtype \
+        --out "$out/codec_profile_cuda_$dtype.md" 2>&1 | grep -v "^USDT\|UserWarning\|_warn_once" || exit 1
+done
 exit $tests_rc

@@ -9,14 +9,20 @@ Why: an outlier channel holds most of a row's absmax, so a low-bit grid scaled t
 a few levels. After the rotation each block's energy is spread over all n outputs, so the absmax falls towards
 the block's RMS and the grid fits the bulk of the values.
 
-The transform is a butterfly: one product with fp32 1/sqrt(n), then log2(n) add/subtract levels over the
-position's bits, lowest first: O(n log n) elementwise work with no matmul, so its rounding is the same on
-every device and backend (no TF32, no GEMM reduction order). The fused CPU kernel (csrc/fused.cpp: `fwht`) does
+The reference transform (`kernel=eager`) is a butterfly: one product with fp32 1/sqrt(n), then log2(n)
+add/subtract levels over the position's bits, lowest first: O(n log n) elementwise work with no matmul, so its
+rounding is the same on every device and backend (no TF32, no GEMM reduction order). The fused CPU kernel (csrc/fused.cpp: `fwht`) does
 the same operations in the same order on a block held in L1, so its outputs are bitwise these; this eager path is
-its reference, and runs on CPU over chunks of rows that stay in cache, on CUDA in one shot.
+its reference, and runs on CPU over chunks of rows that stay in cache, on other devices in one shot.
+
+On an accelerator the fused path is instead one matrix product per block with the dense H_n (blocks up to
+GEMM_MAX_BLOCK): log2(n) add/subtract levels cost three passes over the tensor each there, where the product reads
+and writes it once. Its rounding is the GEMM's (TF32 where the user enabled it for fp32 matmuls), equal to the
+butterfly's to fp32 rounding, not bitwise; a sender and a receiver on the same device type run the same product.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -26,6 +32,9 @@ from . import fused as kernels
 
 MAX_AUTO_BLOCK = 256
 """`rot` (auto) uses the largest power of two up to this that divides the last dim."""
+GEMM_MAX_BLOCK = 256
+"""Largest block that an accelerator rotates by a matrix product (beyond it the product's n flops per value cost
+more than the butterfly's passes)."""
 
 
 def auto_block(last: int) -> int:
@@ -80,6 +89,8 @@ def fwht(x: Tensor, n: int, d: Tensor | None = None, after: bool = False, dtype:
     last = x.shape[-1]
     if fused and x.device.type == "cpu" and kernels.usable(x, n):
         return kernels.kernels().fwht(x.contiguous(), d, n, after, x.new_empty((0,), dtype=dtype))
+    if fused and x.device.type != "cpu" and n <= GEMM_MAX_BLOCK:
+        return fwht_gemm(x, n, d, after, dtype)
     y = x.reshape(-1, n)  # (blocks, n)
     dv = d.view(last // n, n) if d is not None else None  # (blocks per row, n)
     period = last // n
@@ -90,6 +101,28 @@ def fwht(x: Tensor, n: int, d: Tensor | None = None, after: bool = False, dtype:
     for i in range(0, y.shape[0], rows):
         out[i:i + rows] = _fwht_rows(y[i:i + rows].float(), n, dv, after)
     return out.view(x.shape)
+
+
+@functools.cache
+def hadamard_matrix(n: int, device: torch.device) -> Tensor:
+    """The orthonormal Sylvester Hadamard matrix H_n (n, n) in fp32, the butterfly's transform; symmetric."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)  # (2m, 2m)
+    return (h / math.sqrt(n)).float().to(device)
+
+
+def fwht_gemm(x: Tensor, n: int, d: Tensor | None = None, after: bool = False, dtype: torch.dtype = torch.float32) -> Tensor:
+    """`fwht` as one matrix product with the dense H_n over every block (the accelerator path): a new tensor of x's
+    shape in `dtype`, equal to the butterfly's to fp32 rounding."""
+    last = x.shape[-1]
+    y = x.reshape(-1, last // n, n).float()  # (rows, blocks per row, n); x itself when fp32: not written
+    if d is not None and not after:
+        y = y * d.view(last // n, n)  # a new tensor
+    y = y.reshape(-1, n) @ hadamard_matrix(n, x.device)  # (rows * blocks, n), a new tensor
+    if d is not None and after:
+        y = y.view(-1, last // n, n).mul_(d.view(last // n, n))
+    return y.to(dtype).view(x.shape)
 
 
 def signs(last: int, gen: torch.Generator, device: torch.device) -> Tensor:

@@ -46,3 +46,13 @@ def test_vq_pruned_search_on_cuda_is_the_exhaustive_one():
     v = torch.randn(1 << 16, 2, generator=torch.Generator().manual_seed(1)).cuda() * 1.5
     cb = vq.codebook(2, 8, v.device)
     assert torch.equal(vq.nearest_pruned(v, cb, vq.search_grid(2, 8, v.device)).cpu(), vq.nearest(v.cpu(), cb.cpu()))
+
+
+@pytest.mark.parametrize("n", [16, 64, 256])
+def test_the_rotation_by_matrix_product_on_cuda_is_the_butterfly(n):
+    from pp_compress.ops import hadamard
+    x = torch.randn(64, 4 * n, generator=torch.Generator().manual_seed(n)).cuda()  # (rows, last)
+    d = hadamard.signs(4 * n, torch.Generator().manual_seed(1), torch.device("cpu")).cuda()  # (last,)
+    for after in (False, True):
+        a, b = hadamard.fwht(x, n, d, after, fused=True), hadamard.fwht(x, n, d, after, fused=False)
+        assert a.is_cuda and torch.allclose(a, b, rtol=1e-5, atol=1e-5)

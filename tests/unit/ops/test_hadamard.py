@@ -62,3 +62,20 @@ def test_the_fused_kernel_is_bitwise_the_eager_butterfly(n, dtype):
                 b = hadamard.fwht(x, n, signs, after, out, fused=False)
                 assert a.dtype == b.dtype == out and a.shape == x.shape
                 assert torch.equal(a, b), (n, dtype, last, after, out)
+
+
+@pytest.mark.parametrize("n", [2, 8, 64, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_accelerator_product_equals_the_butterfly_to_rounding(n, dtype):
+    # the path CUDA takes (tests/unit/ops/test_cuda.py runs it there), checked here on CPU
+    x = (torch.randn(37, 3 * n, generator=torch.Generator().manual_seed(n)) * 3).to(dtype)
+    d = hadamard.signs(3 * n, torch.Generator().manual_seed(1), x.device)
+    before = x.clone()
+    for signs, after in ((d, False), (d, True), (None, False)):
+        for out in (torch.float32, dtype):
+            a = hadamard.fwht_gemm(x, n, signs, after, out)
+            b = hadamard.fwht(x, n, signs, after, out, fused=False)
+            assert a.dtype == out and a.shape == x.shape and torch.equal(x, before)  # x is never written
+            assert torch.allclose(a.float(), b.float(), rtol=1e-2 if out != torch.float32 else 1e-5, atol=1e-5)
+    y = hadamard.fwht_gemm(x, n, d)
+    assert torch.allclose(hadamard.fwht_gemm(y, n, d, after=True), x.float(), rtol=1e-5, atol=1e-4)  # its own inverse
