@@ -159,9 +159,11 @@ def main() -> None:
 
 def fused_table(rows: list[dict]) -> list[str]:
     """Each spec measured both fused (default) and `:kernel=eager` in this run: codec GB/s side by side."""
-    out = ["", "Fused kernels (issue 28): the same spec with its fused CPU kernel (default) and with `:kernel=eager` (the "
-           "reference; the codes are bitwise equal, tests/unit/ops/test_fused.py), side by side in this run. Targets on "
-           "one thread, 4x1024x1024 fp32: int8 at least 50% of copy_, nf6 and int3:stoch at least 25%.", "",
+    out = ["", "Fused kernels (issue 28): the same spec on its default path and with `:kernel=eager` (the reference), side "
+           "by side in this run. The default is the fused CPU kernel on CPU (bitwise the reference, "
+           "tests/unit/ops/test_fused.py); on a GPU, the rotation as one matrix product per block and vq's pruned "
+           "search (tests/unit/ops/test_cuda.py). Targets on one CPU thread, 4x1024x1024 fp32: int8 at least 50% of "
+           "copy_, nf6 and int3:stoch at least 25%.", "",
            "| shape | dtype | spec | fused codec GB/s | eager codec GB/s | speedup | fused vs copy_ |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         eager = next((e for e in rows if (e["shape"], e["dtype"]) == (r["shape"], r["dtype"])
