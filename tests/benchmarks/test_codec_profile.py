@@ -1,0 +1,17 @@
+"""benchmarks/codec_profile.py: one tiny real run writes a row per spec with its wall time and host syncs."""
+import re
+import subprocess
+import sys
+
+from tests.integration.launch import ROOT
+
+
+def test_codec_profile_writes_a_row_per_spec_and_counts_the_nan_check_syncs(tmp_path):
+    out = tmp_path / "profile.md"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks/codec_profile.py"), "--device", "cpu", "--spec", "identity",
+                    "--spec", "int8", "--shape", "2x16x64", "--rounds", "2", "--out", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    rows = {m[0]: m[1:] for m in re.findall(r"^\| `([^`]+)` \| ([\d.]+) \| ([\d.]+) \| (\d+) \| (\d+) \|$", out.read_text(), re.M)}
+    assert set(rows) == {"identity", "int8"}
+    assert float(rows["int8"][0]) > 0 and int(rows["int8"][3]) >= 1  # the NaN/Inf check reads a value on the host
+    assert int(rows["identity"][3]) < int(rows["int8"][3])
