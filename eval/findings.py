@@ -1,7 +1,8 @@
 """The paper's six findings (../shared/RESEARCH.md), each judged from the study's runs by an explicit rule.
 
 eval/report.py writes the verdicts into eval/RESULTS.md, one column per regime: pretraining the small GPT from scratch
-(120 and 1,000 steps) and finetuning SmolLM2-135M (the paper's regime: it finetuned a pretrained GPT-2-size model).
+(120 and 1,000 steps), finetuning SmolLM2-135M (the paper's regime: it finetuned a pretrained GPT-2-size model) and
+continuing SmolLM2-135M's pretraining (eval/study.py --protocol smollm2).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import math
 from typing import Literal
 
 from eval import frontier
-from eval.study import FINETUNE, FT_EPOCHS
+from eval.study import FINETUNE, FT_EPOCHS, SMOLLM2
 
 # The TopK levels of the study's settings (eval/study.py: topk<r>, act-topk<r>, grad-topk<r>)
 LEVELS = ("0.5", "0.3", "0.2", "0.1", "0.05")
@@ -19,7 +20,7 @@ LEVELS = ("0.5", "0.3", "0.2", "0.1", "0.05")
 class Findings:
     """The paper's six findings (../shared/RESEARCH.md), each judged from the runs by an explicit rule."""
 
-    def __init__(self, runs: dict[str, dict], regime: Literal["pretraining", "finetuning"] = "pretraining",
+    def __init__(self, runs: dict[str, dict], regime: Literal["pretraining", "finetuning", "continued pretraining"] = "pretraining",
                  aqsgd_runs: tuple[str, str, str] = ("base", "topk0.1", "topk0.1+aqsgd")) -> None:
         """`runs` by the pretraining study's names (`finetuning_runs` renames the finetuning ones); `aqsgd_runs`: the
         uncompressed run, the TopK run and its AQ-SGD twin that finding 5 compares (multi-epoch runs, with their own
@@ -30,6 +31,9 @@ class Findings:
         # Seed-to-seed spread of the baseline; "no loss" = frontier.tolerance (twice that, at least 0.02 nats)
         self.seed_gap = abs(other["val_loss"] - self.base) if base and other else math.nan
         self.tol = frontier.tolerance(self.seed_gap) if not math.isnan(self.seed_gap) else 0.05
+        # What serving uncompressed reads off the baseline itself: 0 where it evaluates the validation batches again,
+        # another figure where it reads another sample of the held-out text (the SmolLM2 study's served losses)
+        self.plain_offset = base["val_loss_plain_inference"] - self.base if base and "val_loss_plain_inference" in base else 0.0
 
     def d(self, name: str) -> float:
         return self.runs[name]["val_loss"] - self.base if name in self.runs else math.nan
@@ -59,7 +63,12 @@ class Findings:
     def plain(self, name: str) -> float:
         """Delta vs base of the run's checkpoint evaluated with no compression (NaN where not measured)."""
         r = self.runs.get(name, {})
-        return r["val_loss_plain_inference"] - self.base if "val_loss_plain_inference" in r else math.nan
+        return r["val_loss_plain_inference"] - self.base - self.plain_offset if "val_loss_plain_inference" in r else math.nan
+
+    def served_gap(self, r: dict) -> float:
+        """How much worse the run is served uncompressed than through its own compression, net of the baseline's own
+        difference between the two evaluations (`plain_offset`)."""
+        return r["val_loss_plain_inference"] - r["val_loss"] - self.plain_offset
 
     def f1(self) -> tuple[str, str]:
         # An act-only run is also validated with TopK on its activations; grad-only runs are validated uncompressed.
@@ -95,9 +104,11 @@ class Findings:
         r = self.runs.get("topk0.1")
         if not r or "val_loss_plain_inference" not in r:
             return "not measured", ""
-        gap = r["val_loss_plain_inference"] - r["val_loss"]
+        gap = self.served_gap(r)
         text = (f"topk:0.1 (no error feedback): validation loss {r['val_loss']:.3f} with TopK at inference, "
-                f"{r['val_loss_plain_inference']:.3f} without ({gap:+.3f}).")
+                f"{r['val_loss_plain_inference']:.3f} without ({gap:+.3f}" +
+                (f", net of the baseline's own {self.plain_offset:+.3f} between the two evaluations" if abs(self.plain_offset) > 1e-6 else "")
+                + ").")
         return ("holds" if gap > self.tol else "does not hold here"), text
 
     def f4(self) -> tuple[str, str]:
@@ -105,7 +116,7 @@ class Findings:
         for n in ("topk0.1", "topk0.1+ef", "topk0.1+ef21"):
             r = self.runs.get(n)
             if r and "val_loss_plain_inference" in r:
-                rows.append((n, self.d(n), r["val_loss_plain_inference"] - r["val_loss"]))
+                rows.append((n, self.d(n), self.served_gap(r)))
         if len(rows) < 2:
             return "not measured", ""
         text = "training quality (delta vs base, validated with compression) / inference without compression (delta " \
@@ -151,8 +162,10 @@ class Findings:
         verdict, first = self.rise(both, self.tol)
         text = (f"TopK both directions, {self.regime}: " + ", ".join(f"{r}: {dl:+.3f}" for r, dl in both) +
                 f". First level beyond the tolerance: {first or 'none'}." +
-                (" This is pretraining from scratch, not finetuning, so the comparison is loose."
-                 if self.regime == "pretraining" else " The paper's regime: finetuning a pretrained model."))
+                {"pretraining": " This is pretraining from scratch, not finetuning, so the comparison is loose.",
+                 "finetuning": " The paper's regime: finetuning a pretrained model.",
+                 "continued pretraining": " Continued pretraining of a pretrained model on new text: close to the "
+                                          "paper's finetuning regime."}[self.regime])
         return verdict, text
 
     @staticmethod
@@ -166,7 +179,7 @@ class Findings:
 
 
 COLUMNS = ("small GPT pretraining, 120 steps", "small GPT pretraining, 1,000 steps",
-           "SmolLM2-135M finetuning (the paper's regime)")
+           "SmolLM2-135M finetuning (the paper's regime)", "SmolLM2-135M continued pretraining")
 
 
 def finetuning_runs(ft: dict[str, dict], ftep: dict[str, dict]) -> dict[str, dict]:
@@ -180,6 +193,13 @@ def finetuning_runs(ft: dict[str, dict], ftep: dict[str, dict]) -> dict[str, dic
 
 def finetuning(ft: dict[str, dict], ftep: dict[str, dict]) -> Findings:
     return Findings(finetuning_runs(ft, ftep), "finetuning", ("ep-base", "ep-topk0.1", "ep-topk0.1+aqsgd"))
+
+
+def continued(sm: dict[str, dict]) -> Findings:
+    """The SmolLM2 continued-pretraining runs under the pretraining study's names (`sm-<name>` is `<name>`): its
+    baseline's two seeds and its TopK levels both ways."""
+    keep = {"sm-base", "sm-base-seed1", *(f"sm-topk{r}" for r in LEVELS)}
+    return Findings({n.removeprefix("sm-"): r for n, r in sm.items() if n in keep and n in SMOLLM2}, "continued pretraining")
 
 
 def verdicts(*columns: Findings) -> list[str]:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 import pp_compress as ppc  # noqa: E402
 from eval import epochs, frontier  # noqa: E402
 from pp_compress.presets import PRESETS  # noqa: E402
-from eval.findings import LEVELS, Findings, findings_compared, finetuning, verdicts  # noqa: E402
+from eval.findings import LEVELS, Findings, continued, findings_compared, finetuning, verdicts  # noqa: E402
 from eval.study import (COMMON, FINDINGS_RUNS, FINETUNE, FT_COMMON, FT_EP_COMMON, FT_EPOCHS, LOGS, LONG, LONG_COMMON,  # noqa: E402
                         SETTINGS, SM_COMMON, SMOLLM2)
 
@@ -273,10 +273,11 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
         update_readme(args.summary, "presets", presets_block(every))
     made = frontier.plot(rows, rel / "plots" / "long")
     made += curves(long, rel / "plots" / "long", LONG_GROUPS)
-    old, new, paper = Findings(short), Findings(long), finetuning(ft, ftep)
+    sm_results = args.results / frontier.TESTBEDS["smollm2"].results
+    sm_runs = {n: r for n in SMOLLM2 if (r := load(sm_results / n, SMOLLM2))}
+    columns = (Findings(short), Findings(long), finetuning(ft, ftep), continued(sm_runs))
     if args.readme is not None:
-        update_readme(args.readme, "findings", verdicts(old, new, paper))
-        sm_results = args.results / frontier.TESTBEDS["smollm2"].results
+        update_readme(args.readme, "findings", verdicts(*columns))
         if (sm_results / frontier.TESTBEDS["smollm2"].base).exists():
             sm_bed = frontier.TESTBEDS["smollm2"]
             measured = [p for p in sm_bed.e2e_paths() if p.exists()]  # its block says where none are, and the command
@@ -301,7 +302,7 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
             "base-seed1's own row shows how much of a steps-to-target difference the seed alone makes.", "",
             *frontier.table(rows), "", "**Headline.** " + " ".join(frontier.headline(rows)), "",
             *[f"![{m}]({(rel / 'plots' / 'long' / (m + '.png')).relative_to(rel).as_posix()})" for m in made], "",
-            "### The paper's six findings, re-judged", "", *findings_compared(old, new, paper),
+            "### The paper's six findings, re-judged", "", *findings_compared(*columns),
             *(epochs_section(ftep, rel, args.results, args.readme) if ftep else []),
             "### All long-study settings", "", *table(long, LONG, "base"), ""]
 
