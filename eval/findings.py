@@ -61,7 +61,8 @@ class Findings:
         return out
 
     def plain(self, name: str) -> float:
-        """Delta vs base of the run's checkpoint evaluated with no compression (NaN where not measured)."""
+        """Delta of the run's checkpoint evaluated with no compression against the baseline evaluated the same way
+        (NaN where not measured)."""
         r = self.runs.get(name, {})
         return r["val_loss_plain_inference"] - self.base - self.plain_offset if "val_loss_plain_inference" in r else math.nan
 
@@ -105,10 +106,10 @@ class Findings:
         if not r or "val_loss_plain_inference" not in r:
             return "not measured", ""
         gap = self.served_gap(r)
+        net = f", net of the baseline's own {self.plain_offset:+.3f} between the two evaluations" \
+            if abs(self.plain_offset) > 1e-6 else ""
         text = (f"topk:0.1 (no error feedback): validation loss {r['val_loss']:.3f} with TopK at inference, "
-                f"{r['val_loss_plain_inference']:.3f} without ({gap:+.3f}" +
-                (f", net of the baseline's own {self.plain_offset:+.3f} between the two evaluations" if abs(self.plain_offset) > 1e-6 else "")
-                + ").")
+                f"{r['val_loss_plain_inference']:.3f} without ({gap:+.3f}{net}).")
         return ("holds" if gap > self.tol else "does not hold here"), text
 
     def f4(self) -> tuple[str, str]:
