@@ -47,7 +47,8 @@ def profile_spec(spec: str, x: torch.Tensor, rounds: int, top: int) -> tuple[dic
     events = prof.key_averages()
     dev_us = lambda e: e.self_device_time_total if cuda else e.self_cpu_time_total  # noqa: E731
     kernels = sum(e.count for e in events if cuda and e.device_type == torch.autograd.DeviceType.CUDA)
-    syncs = sum(e.count for e in events if e.key == "aten::_local_scalar_dense")  # .item() / bool(): waits for the device
+    # every .item() / bool() of a tensor: on a GPU the host waits there for the device
+    syncs = sum(e.count for e in events if e.key == "aten::_local_scalar_dense")
     row = {"spec": spec, "wall_ms": wall * 1e3, "device_ms": sum(dev_us(e) for e in events if e.device_type ==
            (torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU)) / rounds / 1e3,
            "kernels": kernels / rounds, "syncs": syncs / rounds}
@@ -80,16 +81,18 @@ def main() -> None:
     copy_ms = (time.perf_counter() - t0) / args.rounds * 1e3
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     lines = [f"Command: `python benchmarks/codec_profile.py {' '.join(map(shlex.quote, sys.argv[1:]))}`", "",
-             f"Device: {name}, torch {torch.__version__}; {args.shape} {args.dtype}, {args.rounds} encode + decode rounds "
-             f"after 3 warm-ups; `copy_` of the same tensor: {copy_ms:.3f} ms.", "",
-             "| spec | wall ms per round | kernel ms per round | kernels per round | host syncs per round |", "|---|---|---|---|---|"]
+             f"Device: {name}, torch {torch.__version__}; {args.shape} {args.dtype}, {args.rounds} encode + decode "
+             f"rounds after 3 warm-ups; `copy_` of the same tensor: {copy_ms:.3f} ms.", "",
+             "| spec | wall ms per round | kernel ms per round | kernels per round | host syncs per round |",
+             "|---|---|---|---|---|"]
     tops = ["", "Operators with the most device time (self time, per round):", "", "| spec | operator | calls | ms |",
             "|---|---|---|---|"]
     for spec in args.spec:
         row, top = profile_spec(spec, x, args.rounds, args.top)
         print(f"{spec:20s} wall {row['wall_ms']:.3f} ms  kernels {row['device_ms']:.3f} ms  "
               f"{row['kernels']:.0f} kernels  {row['syncs']:.0f} syncs", flush=True)
-        lines.append(f"| `{spec}` | {row['wall_ms']:.3f} | {row['device_ms']:.3f} | {row['kernels']:.0f} | {row['syncs']:.0f} |")
+        lines.append(f"| `{spec}` | {row['wall_ms']:.3f} | {row['device_ms']:.3f} | {row['kernels']:.0f} | "
+                     f"{row['syncs']:.0f} |")
         tops += top
     out = args.out or ROOT / "benchmarks" / "results" / f"codec_profile_{device.type}.md"
     out.write_text("\n".join(lines + tops) + "\n")

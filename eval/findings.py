@@ -20,7 +20,8 @@ LEVELS = ("0.5", "0.3", "0.2", "0.1", "0.05")
 class Findings:
     """The paper's six findings (../shared/RESEARCH.md), each judged from the runs by an explicit rule."""
 
-    def __init__(self, runs: dict[str, dict], regime: Literal["pretraining", "finetuning", "continued pretraining"] = "pretraining",
+    def __init__(self, runs: dict[str, dict],
+                 regime: Literal["pretraining", "finetuning", "continued pretraining"] = "pretraining",
                  aqsgd_runs: tuple[str, str, str] = ("base", "topk0.1", "topk0.1+aqsgd")) -> None:
         """`runs` by the pretraining study's names (`finetuning_runs` renames the finetuning ones); `aqsgd_runs`: the
         uncompressed run, the TopK run and its AQ-SGD twin that finding 5 compares (multi-epoch runs, with their own
@@ -33,7 +34,8 @@ class Findings:
         self.tol = frontier.tolerance(self.seed_gap) if not math.isnan(self.seed_gap) else 0.05
         # What serving uncompressed reads off the baseline itself: 0 where it evaluates the validation batches again,
         # another figure where it reads another sample of the held-out text (the SmolLM2 study's served losses)
-        self.plain_offset = base["val_loss_plain_inference"] - self.base if base and "val_loss_plain_inference" in base else 0.0
+        served = base.get("val_loss_plain_inference") if base else None
+        self.plain_offset = served - self.base if served is not None else 0.0
 
     def d(self, name: str) -> float:
         return self.runs[name]["val_loss"] - self.base if name in self.runs else math.nan
@@ -64,7 +66,9 @@ class Findings:
         """Delta of the run's checkpoint evaluated with no compression against the baseline evaluated the same way
         (NaN where not measured)."""
         r = self.runs.get(name, {})
-        return r["val_loss_plain_inference"] - self.base - self.plain_offset if "val_loss_plain_inference" in r else math.nan
+        if "val_loss_plain_inference" not in r:
+            return math.nan
+        return r["val_loss_plain_inference"] - self.base - self.plain_offset
 
     def served_gap(self, r: dict) -> float:
         """How much worse the run is served uncompressed than through its own compression, net of the baseline's own
@@ -200,7 +204,8 @@ def continued(sm: dict[str, dict]) -> Findings:
     """The SmolLM2 continued-pretraining runs under the pretraining study's names (`sm-<name>` is `<name>`): its
     baseline's two seeds and its TopK levels both ways."""
     keep = {"sm-base", "sm-base-seed1", *(f"sm-topk{r}" for r in LEVELS)}
-    return Findings({n.removeprefix("sm-"): r for n, r in sm.items() if n in keep and n in SMOLLM2}, "continued pretraining")
+    runs = {n.removeprefix("sm-"): r for n, r in sm.items() if n in keep and n in SMOLLM2}
+    return Findings(runs, "continued pretraining")
 
 
 def verdicts(*columns: Findings) -> list[str]:

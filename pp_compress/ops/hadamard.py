@@ -11,9 +11,9 @@ the block's RMS and the grid fits the bulk of the values.
 
 The reference transform (`kernel=eager`) is a butterfly: one product with fp32 1/sqrt(n), then log2(n)
 add/subtract levels over the position's bits, lowest first: O(n log n) elementwise work with no matmul, so its
-rounding is the same on every device and backend (no TF32, no GEMM reduction order). The fused CPU kernel (csrc/fused.cpp: `fwht`) does
-the same operations in the same order on a block held in L1, so its outputs are bitwise these; this eager path is
-its reference, and runs on CPU over chunks of rows that stay in cache, on other devices in one shot.
+rounding is the same on every device and backend (no TF32, no GEMM reduction order). The fused CPU kernel
+(csrc/fused.cpp: `fwht`) does the same operations in the same order on a block held in L1, so its outputs are
+bitwise these; this eager path runs on CPU over chunks of rows that stay in cache, on other devices in one shot.
 
 On an accelerator the fused path is instead one matrix product per block with the dense H_n (blocks up to
 GEMM_MAX_BLOCK): log2(n) add/subtract levels cost three passes over the tensor each there, where the product reads
@@ -33,8 +33,8 @@ from . import fused as kernels
 MAX_AUTO_BLOCK = 256
 """`rot` (auto) uses the largest power of two up to this that divides the last dim."""
 GEMM_MAX_BLOCK = 256
-"""Largest block that an accelerator rotates by a matrix product (beyond it the product's n flops per value cost
-more than the butterfly's passes)."""
+"""Largest block that an accelerator rotates by a matrix product: the product's work per value grows with n, the
+butterfly's with log2(n), and `rot`'s automatic blocks stop at 256."""
 
 
 def auto_block(last: int) -> int:
@@ -112,7 +112,8 @@ def hadamard_matrix(n: int, device: torch.device) -> Tensor:
     return (h / math.sqrt(n)).float().to(device)
 
 
-def fwht_gemm(x: Tensor, n: int, d: Tensor | None = None, after: bool = False, dtype: torch.dtype = torch.float32) -> Tensor:
+def fwht_gemm(x: Tensor, n: int, d: Tensor | None = None, after: bool = False,
+              dtype: torch.dtype = torch.float32) -> Tensor:
     """`fwht` as one matrix product with the dense H_n over every block (the accelerator path): a new tensor of x's
     shape in `dtype`, equal to the butterfly's to fp32 rounding."""
     last = x.shape[-1]

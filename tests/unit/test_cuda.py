@@ -1,6 +1,7 @@
 """The package's device paths on a CUDA device (skipped without one): error-feedback state kept on the device and
 bit-identical on both sides, payloads through the wire buffers on the device, and the in-process boundary forward
-and backward. The operators themselves: tests/unit/ops/test_cuda.py. On a GPU machine: `bash benchmarks/cuda_check.sh`."""
+and backward. The operators themselves: tests/unit/ops/test_cuda.py. On a GPU machine:
+`bash benchmarks/cuda_check.sh`."""
 import pytest
 import torch
 from torch import nn
@@ -34,7 +35,8 @@ def test_feedback_state_stays_on_the_device_and_identical_on_both_sides(spec):
         p = sender.compress(x, ctx)
         buf = to_buffer(p)  # (nbytes,) uint8: what one P2P op sends
         assert buf.is_cuda and buf.numel() == p.nbytes
-        y = receiver.decompress(from_buffer(buf.clone(), receiver.wire_layout(x.shape, x.dtype, ctx), x.shape, x.dtype), ctx)
+        layout = receiver.wire_layout(x.shape, x.dtype, ctx)
+        y = receiver.decompress(from_buffer(buf.clone(), layout, x.shape, x.dtype), ctx)
         assert y.is_cuda and torch.equal(y, sender.estimate(p, ctx)) and torch.equal(y, sender.decompress(p, ctx))
     s, r = list(_tensors(sender.state_dict()["send"])), list(_tensors(receiver.state_dict()["recv"]))
     assert s and all(t.is_cuda for t in s + r) and all(torch.equal(a, b) for a, b in zip(s, r))
