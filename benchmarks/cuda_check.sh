@@ -14,7 +14,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 nvidia-smi -L
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" || exit 1
-python3 -m pytest -q -p no:cacheprovider tests/unit/ops/test_cuda.py tests/unit/test_cuda.py 2>&1 | tee "$out/cuda_tests.log"
+python3 -m pytest -q -p no:cacheprovider tests/unit/ops/test_cuda.py tests/unit/test_cuda.py tests/unit/test_boundary.py -k "cuda or CUDA" 2>&1 | tee "$out/cuda_tests.log"
 tests_rc=$?
 python3 benchmarks/ops.py --device cuda --presets --spec bf16 --spec fp8 --spec int8:compile --spec topk:0.1 \
     --shape 4x1024x1024 --shape 8x1024x2048 --dtype fp32 --dtype bf16 --out "$out/ops_cuda" || exit 1

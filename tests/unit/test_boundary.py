@@ -7,12 +7,15 @@ from torch import nn
 import pp_compress as ppc
 
 
-def _mlp(cfg=None):
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))
+
+
+def _mlp(cfg=None, width=16, device="cpu"):
     torch.manual_seed(0)
-    layers = [nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)]
+    layers = [nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width)]
     if cfg is not None:
         layers.insert(2, ppc.CompressionBoundary(cfg + ",min_numel=0"))
-    return nn.Sequential(*layers)
+    return nn.Sequential(*layers).to(device)
 
 
 def _grads(model, x):
@@ -21,9 +24,10 @@ def _grads(model, x):
     return [p.grad.clone() for p in model.parameters()]
 
 
-def test_identity_boundary_is_bitwise_invisible():
-    x = torch.randn(8, 16)
-    plain, wrapped = _mlp(), _mlp("identity")
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_identity_boundary_is_bitwise_invisible(device):
+    x = torch.randn(8, 16, device=device)
+    plain, wrapped = _mlp(device=device), _mlp("identity", device=device)
     assert torch.equal(plain(x), wrapped(x))
     assert all(torch.equal(a, b) for a, b in zip(_grads(plain, x), _grads(wrapped, x)))
 

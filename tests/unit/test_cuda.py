@@ -1,25 +1,17 @@
 """The package's device paths on a CUDA device (skipped without one): error-feedback state kept on the device and
 bit-identical on both sides, payloads through the wire buffers on the device, and the in-process boundary forward
-and backward. The operators themselves: tests/unit/ops/test_cuda.py. On a GPU machine:
-`bash benchmarks/cuda_check.sh`."""
+and backward (`identity` bitwise invisible on CUDA too: tests/unit/test_boundary.py). The operators themselves:
+tests/unit/ops/test_cuda.py. On a GPU machine: `bash benchmarks/cuda_check.sh`."""
 import pytest
 import torch
-from torch import nn
 
 import pp_compress as ppc
 from pp_compress.wire import from_buffer, to_buffer
+from tests.unit.state import state_tensors
+from tests.unit.test_boundary import _grads, _mlp
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEV = torch.device("cuda")
-
-
-def _tensors(state):
-    """Every tensor in a (nested) state dict."""
-    if isinstance(state, torch.Tensor):
-        yield state
-    elif isinstance(state, dict):
-        for v in state.values():
-            yield from _tensors(v)
 
 
 @pytest.mark.parametrize("spec", ["topk:0.1+ef", "int2:stoch+ef21", "topk:0.2+aqsgd", "int2+aqsgd:first=int8:rot",
@@ -38,37 +30,16 @@ def test_feedback_state_stays_on_the_device_and_identical_on_both_sides(spec):
         layout = receiver.wire_layout(x.shape, x.dtype, ctx)
         y = receiver.decompress(from_buffer(buf.clone(), layout, x.shape, x.dtype), ctx)
         assert y.is_cuda and torch.equal(y, sender.estimate(p, ctx)) and torch.equal(y, sender.decompress(p, ctx))
-    s, r = list(_tensors(sender.state_dict()["send"])), list(_tensors(receiver.state_dict()["recv"]))
+    s, r = list(state_tensors(sender.state_dict()["send"])), list(state_tensors(receiver.state_dict()["recv"]))
     assert s and all(t.is_cuda for t in s + r) and all(torch.equal(a, b) for a, b in zip(s, r))
-
-
-def _mlp(cfg: str | None) -> nn.Sequential:
-    torch.manual_seed(0)
-    layers = [nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)]
-    if cfg is not None:
-        layers.insert(2, ppc.CompressionBoundary(cfg + ",min_numel=0"))
-    return nn.Sequential(*layers).to(DEV)
-
-
-def _grads(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-    model.zero_grad()
-    model(x).pow(2).sum().backward()
-    return [p.grad.clone() for p in model.parameters()]
-
-
-def test_identity_boundary_is_bitwise_invisible_on_cuda():
-    x = torch.randn(8, 64, device=DEV)
-    plain, wrapped = _mlp(None), _mlp("identity")
-    assert torch.equal(plain(x), wrapped(x))
-    assert all(torch.equal(a, b) for a, b in zip(_grads(plain, x), _grads(wrapped, x)))
 
 
 @pytest.mark.parametrize("cfg", ["safe", "aggressive", "act=topk:0.2+ef,grad=int3:stoch"])
 def test_boundary_trains_on_cuda(cfg):
-    model = _mlp(cfg)
+    model = _mlp(cfg, width=64, device=DEV)
     x = torch.randn(8, 64, device=DEV)
     grads = _grads(model, x)
     assert all(t.is_cuda and bool(torch.isfinite(t).all()) for t in grads)
     (b,) = [m for m in model.modules() if isinstance(m, ppc.CompressionBoundary)]
     assert b.stats["act"].ratio > 1.9 and b.stats["grad"].ratio > 1.9
-    assert all(t.is_cuda for t in _tensors(b.state_dict()["_extra_state"]))
+    assert all(t.is_cuda for t in state_tensors(b.state_dict()["_extra_state"]))

@@ -6,6 +6,7 @@ import torch
 import pp_compress as ppc
 from pp_compress.ops.base import layout_nbytes
 from tests.conftest import DTYPES, FEEDBACK_SPECS, OP_SPECS
+from tests.unit.state import state_tensors
 
 MAGNITUDES = {"tiny": 1e-30, "one": 1.0, "half-max": None, "zeros": 0.0}
 
@@ -44,12 +45,7 @@ def test_feedback_state_is_fp32_for_half_inputs(spec):
         x = torch.randn(4, 8, 16, dtype=torch.float16)
         ctx = ppc.Context(step=step, sample_ids=torch.arange(4))
         op.decompress(op.compress(x, ctx), ctx)
-
-    def tensors(tree):
-        for v in tree.values():
-            yield from (tensors(v) if isinstance(v, dict) else [v] if isinstance(v, torch.Tensor) else [])
-
-    state = list(tensors(op.state_dict()))
+    state = list(state_tensors(op.state_dict()))
     assert state and all(t.dtype == torch.float32 for t in state)
 
 
