@@ -21,6 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import pp_compress as ppc  # noqa: E402
+from benchmarks.ops import timer  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -30,21 +31,22 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def profile_spec(spec: str, x: torch.Tensor, rounds: int, top: int) -> tuple[dict, list[str]]:
-    """(summary row, markdown lines of the top operators by device time) for `rounds` encode + decode rounds."""
+def profile_spec(spec: str, x: torch.Tensor, rounds: int, top: int, shapes: bool = False) -> tuple[dict, list[str]]:
+    """(summary row, markdown lines of the top operators by device time) for `rounds` encode + decode rounds;
+    with `shapes`, an operator's calls are listed per input shape, to tell apart calls of one operator."""
     op, ctx = ppc.build(spec), ppc.Context(training=False)
     for _ in range(3):  # warm-up: codebooks, grids, compiled kernels
         op.decompress(op.compress(x, ctx), ctx)
     sync(x.device)
     cuda = x.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=shapes) as prof:
         t0 = time.perf_counter()
         for _ in range(rounds):
             op.decompress(op.compress(x, ctx), ctx)
         sync(x.device)
         wall = (time.perf_counter() - t0) / rounds
-    events = prof.key_averages()
+    events = prof.key_averages(group_by_input_shape=shapes)
     dev_us = lambda e: e.self_device_time_total if cuda else e.self_cpu_time_total  # noqa: E731
     kernels = sum(e.count for e in events if cuda and e.device_type == torch.autograd.DeviceType.CUDA)
     # every .item() / bool() of a tensor: on a GPU the host waits there for the device
@@ -53,7 +55,8 @@ def profile_spec(spec: str, x: torch.Tensor, rounds: int, top: int) -> tuple[dic
            (torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU)) / rounds / 1e3,
            "kernels": kernels / rounds, "syncs": syncs / rounds}
     ops = sorted((e for e in events if e.key.startswith("aten::") and dev_us(e) > 0), key=dev_us, reverse=True)[:top]
-    lines = [f"| `{spec}` | {e.key} | {e.count // rounds} | {dev_us(e) / rounds / 1e3:.3f} |" for e in ops]
+    shape = lambda e: f" {e.input_shapes}" if shapes else ""  # noqa: E731
+    lines = [f"| `{spec}` | {e.key}{shape(e)} | {e.count // rounds} | {dev_us(e) / rounds / 1e3:.3f} |" for e in ops]
     return row, lines
 
 
@@ -65,30 +68,24 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--top", type=int, default=6, help="operators listed per spec")
+    ap.add_argument("--shapes", action="store_true", help="list each operator's calls per input shape")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     device = torch.device(args.device)
     shape = tuple(int(v) for v in args.shape.split("x"))
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=DTYPES[args.dtype])
     dst = torch.empty_like(x)
-    for _ in range(3):
-        dst.copy_(x)
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(args.rounds):
-        dst.copy_(x)
-    sync(device)
-    copy_ms = (time.perf_counter() - t0) / args.rounds * 1e3
+    copy_ms = timer(device, lambda: dst.copy_(x), args.rounds) * 1e3  # the median, as benchmarks/ops.py times it
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     lines = [f"Command: `python benchmarks/codec_profile.py {' '.join(map(shlex.quote, sys.argv[1:]))}`", "",
              f"Device: {name}, torch {torch.__version__}; {args.shape} {args.dtype}, {args.rounds} encode + decode "
-             f"rounds after 3 warm-ups; `copy_` of the same tensor: {copy_ms:.3f} ms.", "",
+             f"rounds after 3 warm-ups; `copy_` of the same tensor: {copy_ms:.3f} ms (median).", "",
              "| spec | wall ms per round | kernel ms per round | kernels per round | host syncs per round |",
              "|---|---|---|---|---|"]
     tops = ["", "Operators with the most device time (self time, per round):", "", "| spec | operator | calls | ms |",
             "|---|---|---|---|"]
     for spec in args.spec:
-        row, top = profile_spec(spec, x, args.rounds, args.top)
+        row, top = profile_spec(spec, x, args.rounds, args.top, args.shapes)
         print(f"{spec:20s} wall {row['wall_ms']:.3f} ms  kernels {row['device_ms']:.3f} ms  "
               f"{row['kernels']:.0f} kernels  {row['syncs']:.0f} syncs", flush=True)
         lines.append(f"| `{spec}` | {row['wall_ms']:.3f} | {row['device_ms']:.3f} | {row['kernels']:.0f} | "

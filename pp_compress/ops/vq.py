@@ -130,6 +130,9 @@ class Grid:
     """Cells per axis."""
     candidates: Tensor
     """(cells**dim, k) int64 point indices per cell (last axis fastest), ascending, padded with the cell's last."""
+    by_rank: Tensor
+    """The same table transposed, (k, cells**dim): the torch search gathers it one rank at a time, because on a GPU
+    k lookups into a flat table are much faster than one lookup of short rows."""
 
 
 @functools.cache
@@ -156,7 +159,8 @@ def search_grid(dim: int, code_bits: int, device: torch.device = torch.device("c
     ranked = torch.where(mask, index, cb.shape[0]).sort(1).values[:, :k]  # (cells**dim, k): candidates first
     last = ranked.gather(1, mask.sum(1, keepdim=True) - 1)  # (cells**dim, 1)
     cand = torch.where(ranked < cb.shape[0], ranked, last)
-    return Grid(-half, 1 / h, cells, cand.to(device))
+    cand = cand.to(device)
+    return Grid(-half, 1 / h, cells, cand, cand.t().contiguous())
 
 
 def nearest_pruned(v: Tensor, cb: Tensor, grid: Grid) -> Tensor:
@@ -167,7 +171,7 @@ def nearest_pruned(v: Tensor, cb: Tensor, grid: Grid) -> Tensor:
     flat = cell[:, 0]
     for i in range(1, cell.shape[1]):
         flat = flat * grid.cells + cell[:, i]  # (n,)
-    cand = grid.candidates[flat]  # (n, k)
+    cand = grid.by_rank[:, flat].t()  # (n, k)
     best = distances(v[:, None, :], cb[cand]).argmin(1, keepdim=True)  # (n, 1): the first of equals, the lowest index
     out = cand.gather(1, best)[:, 0].to(torch.uint8)  # (n,)
     if not bool(inside.all()):
