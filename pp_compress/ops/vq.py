@@ -109,6 +109,15 @@ def distances(v: Tensor, points: Tensor) -> Tensor:
     return d
 
 
+def distance_to(v: Tensor, axes: Tensor, idx: Tensor) -> Tensor:
+    """`distances` from each row of v (n, dim) to one point each, codebook row idx (n,), with the codebook given
+    per coordinate, axes (dim, points): the same fp32 operations in the same order."""
+    d = (v[:, 0] - axes[0][idx]).square()
+    for i in range(1, v.shape[-1]):
+        d = d + (v[:, i] - axes[i][idx]).square()
+    return d
+
+
 def nearest(v: Tensor, cb: Tensor) -> Tensor:
     """Index of the nearest codebook point for each row of v (n, dim), the lowest on a tie: every point, in chunks
     (the reference)."""
@@ -131,8 +140,7 @@ class Grid:
     candidates: Tensor
     """(cells**dim, k) int64 point indices per cell (last axis fastest), ascending, padded with the cell's last."""
     by_rank: Tensor
-    """The same table transposed, (k, cells**dim): the torch search gathers it one rank at a time, because on a GPU
-    k lookups into a flat table are much faster than one lookup of short rows."""
+    """The same table transposed, (k, cells**dim): the torch search reads it one rank at a time."""
 
 
 @functools.cache
@@ -171,9 +179,18 @@ def nearest_pruned(v: Tensor, cb: Tensor, grid: Grid) -> Tensor:
     flat = cell[:, 0]
     for i in range(1, cell.shape[1]):
         flat = flat * grid.cells + cell[:, i]  # (n,)
-    cand = grid.by_rank[:, flat].t()  # (n, k)
-    best = distances(v[:, None, :], cb[cand]).argmin(1, keepdim=True)  # (n, 1): the first of equals, the lowest index
-    out = cand.gather(1, best)[:, 0].to(torch.uint8)  # (n,)
+    # One rank of candidates at a time, each coordinate from its own flat table: measuring all k at once would hold
+    # an (n, k, dim) array (gigabytes for fours with 8-bit codes, k = 58), and on a GPU lookups of short rows (a
+    # table's or the codebook's) are far slower than flat ones.
+    axes = cb.t().contiguous()  # (dim, points)
+    out = grid.by_rank[0, flat]  # (n,)
+    least = distance_to(v, axes, out)  # (n,)
+    for rank in grid.by_rank[1:]:
+        c = rank[flat]  # (n,)
+        d = distance_to(v, axes, c)  # (n,)
+        closer = d < least  # strict: of equals the earlier rank, the lower index, stays (argmin's choice)
+        out, least = torch.where(closer, c, out), torch.where(closer, d, least)
+    out = out.to(torch.uint8)
     if not bool(inside.all()):
         out[~inside] = nearest(v[~inside], cb)
     return out
