@@ -242,7 +242,8 @@ class VectorQuant(Compressor):
         dm = self._dims(shape, ctx.name)
         packed, scale, *pivots = payload.tensors
         codes = unpack_bits(packed, c.code_bits, dm.tiles * c.size // c.dim).long()  # (tiles * size / dim,)
-        t = codebook(c.dim, c.code_bits, packed.device)[codes].reshape(dm.tiles, c.size)  # (tiles, size)
+        cb = codebook(c.dim, c.code_bits, packed.device)  # (points, dim)
+        t = cb.index_select(0, codes).reshape(dm.tiles, c.size)  # (tiles, size)
         t = t * scale.float()[:, None]
         return pivoted.merge(t, pivots, dm, shape, payload.dtype, c.rot, ctx, "vq-rot", c.kernel == "fused")
 
