@@ -25,7 +25,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 import torch
 from torch import Tensor
@@ -101,20 +101,17 @@ def codebook(dim: int, code_bits: int, device: torch.device = torch.device("cpu"
 
 
 def distances(v: Tensor, points: Tensor) -> Tensor:
-    """Squared distances from v (n, 1, dim) to points (n or 1, k, dim) -> (n, k), summed over the coordinates in
-    order: the same fp32 operations for a point wherever it appears, so both searches pick the same one."""
-    d = (v[..., 0] - points[..., 0]).square()
-    for i in range(1, v.shape[-1]):
-        d = d + (v[..., i] - points[..., i]).square()
-    return d
+    """Squared distances from v (n, 1, dim) to points (n or 1, k, dim) -> (n, k)."""
+    return coord_distances(v, points.unbind(-1))
 
 
-def distance_to(v: Tensor, axes: Tensor, idx: Tensor) -> Tensor:
-    """`distances` from each row of v (n, dim) to one point each, codebook row idx (n,), with the codebook given
-    per coordinate, axes (dim, points): the same fp32 operations in the same order."""
-    d = (v[:, 0] - axes[0][idx]).square()
+def coord_distances(v: Tensor, coords: Sequence[Tensor]) -> Tensor:
+    """Squared distances from v (..., dim) to points given per coordinate (coords[i] broadcasts against v[..., i]),
+    summed over the coordinates in order: the same fp32 operations for a point wherever it appears, so every search
+    picks the same one."""
+    d = (v[..., 0] - coords[0]).square()
     for i in range(1, v.shape[-1]):
-        d = d + (v[:, i] - axes[i][idx]).square()
+        d = d + (v[..., i] - coords[i]).square()
     return d
 
 
@@ -184,10 +181,10 @@ def nearest_pruned(v: Tensor, cb: Tensor, grid: Grid) -> Tensor:
     # table's or the codebook's) are far slower than flat ones.
     axes = cb.t().contiguous()  # (dim, points)
     out = grid.by_rank[0, flat]  # (n,)
-    least = distance_to(v, axes, out)  # (n,)
+    least = coord_distances(v, [a[out] for a in axes])  # (n,)
     for rank in grid.by_rank[1:]:
         c = rank[flat]  # (n,)
-        d = distance_to(v, axes, c)  # (n,)
+        d = coord_distances(v, [a[c] for a in axes])  # (n,)
         closer = d < least  # strict: of equals the earlier rank, the lower index, stays (argmin's choice)
         out, least = torch.where(closer, c, out), torch.where(closer, d, least)
     out = out.to(torch.uint8)
