@@ -5,22 +5,23 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 
-DEMO_SPEC ?= act=int8,grad=int8
+DEMO_SPEC ?= safe
 DEMO_ARGS ?= --model small --steps 200 --eval-every 50
 # CPU ranks: one thread each (2 cores), gloo, DeepSpeed's CPU accelerator
 RUN     := PATH=$(abspath $(VENV))/bin:$$PATH OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu
 
 .PHONY: demo test setup models clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml lab/pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	# torch first, pinned, so that nothing pulls a CUDA build on CPU machines
 	$(VPY) -m pip install -q $(TORCH)
 	echo "$(TORCH)" > $(VENV)/constraints.txt
-	$(VPY) -m pip install -q -c $(VENV)/constraints.txt -e ".[dev,recipes,eval]"
-	# the fused CPU kernels (pp_compress/csrc/*.cpp, ~35 s once; cached in ~/.cache/torch_extensions)
-	$(VPY) -c "from pp_compress.ops.fused import kernels; kernels()"
+	# the library with its DeepSpeed adapter and test tools, and the lab (models, data, studies; pinned) beside it
+	$(VPY) -m pip install -q -c $(VENV)/constraints.txt -e ".[deepspeed,dev]" -e lab
+	# prebuild the fused CPU kernels for this CPU (pp_compress/csrc/*.cpp, ~35 s once; PP_COMPRESS_KERNELS=0: none)
+	$(VPY) -m pp_compress.kernels
 	touch $(STAMP)
 
 setup: $(STAMP)

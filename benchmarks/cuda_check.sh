@@ -1,15 +1,17 @@
 #!/bin/bash
 # The checks that need a CUDA device, in one go, for a GPU machine lent for a few minutes:
-#   bash benchmarks/cuda_check.sh [OUT_DIR]      (default benchmarks/results)
+#   bash benchmarks/cuda_check.sh [OUT_DIR]      (default results/bench)
 # 1. tests/unit/ops/test_cuda.py and tests/unit/test_cuda.py: every preset operator keeps its payload on the device
 #    with the layout's bytes and reconstructs as on CPU; error-feedback state stays on the device, the same on both
 #    sides; payloads cross through device buffers; the in-process boundary trains;
 # 2. benchmarks/ops.py on the device: each preset codec's throughput next to memcpy (clone and copy_), fused next to
 #    eager, at a Megatron-sized activation in fp32 and bf16;
 # 3. benchmarks/codec_profile.py: where each preset codec's time goes there (kernels, launches, host syncs).
-# Needs only torch (and pytest, hypothesis, scipy for the tests); DeepSpeed is not used.
+# Needs only torch (and pytest, hypothesis, scipy for the tests); DeepSpeed is not used. The device machine has no
+# editable install of this checkout, so the library and the lab are put on the path here.
 set -o pipefail
-out=${1:-benchmarks/results}
+export PYTHONPATH="$PWD:$PWD/lab${PYTHONPATH:+:$PYTHONPATH}"
+out=${1:-results/bench}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 nvidia-smi -L

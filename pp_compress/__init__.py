@@ -14,6 +14,11 @@ Specs and presets:
     cfg = ppc.parse_spec("safe")                        # a preset: ppc.PRESETS names what each stands for
     ppc.CompressionConfig.from_dict({"activations": "int8", "gradients": "int8"})   # the JSON section
 
+One call per message, for a transport of your own (pack on one side, unpack on the other):
+
+    send, recv = ppc.Codec("safe"), ppc.Codec("safe")
+    buf, n = send.pack(x); y = recv.unpack(buf, x.shape, x.dtype)
+
 One operator on its own:
 
     op = ppc.build("topk:0.1+ef")
@@ -23,9 +28,10 @@ In process (simulation, inference-time compression of a transformers model):
 
     bounds = ppc.insert_boundaries(model, after=[2, 5, 8], cfg="act=int8,grad=int8")
 
-Importing this package never imports deepspeed. Wire internals (`pp_compress.wire`, `pp_compress.pipe`,
+Importing this package needs torch alone: it never imports deepspeed. Wire internals (`pp_compress.wire`, `pp_compress.pipe`,
 `pp_compress.ops.base`) are importable from their modules.
 """
+from .codec import Codec
 from .boundary import CompressionBoundary, compressed_boundary, find_blocks, insert_boundaries, set_sample_ids
 from .config import BoundaryOverride, CompressionConfig, CompressorSpec, build, parse_op, parse_spec
 from .feedback import AQSGD, EF, EF21
@@ -35,7 +41,7 @@ from .presets import PRESETS
 __version__ = "0.1.0"
 
 __all__ = [
-    "AQSGD", "EF", "EF21", "PRESETS", "BoundaryOverride", "CompressionBoundary", "CompressionConfig", "Compressor",
+    "AQSGD", "EF", "EF21", "PRESETS", "BoundaryOverride", "Codec", "CompressionBoundary", "CompressionConfig", "Compressor",
     "CompressorSpec", "Context", "Payload", "build", "compressed_boundary", "find_blocks", "insert_boundaries",
     "parse_op", "parse_spec", "set_sample_ids",
 ]

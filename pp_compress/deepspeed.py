@@ -32,6 +32,14 @@ The engine also saves and loads its compression state with DeepSpeed checkpoints
 runs the same config, and logs its statistics every `steps_per_print` steps. Only
 `pp_compress/integrations/deepspeed.py` imports deepspeed; this module is its public face.
 """
+try:
+    import deepspeed  # noqa: F401 - only to say what is missing, before the adapter's own imports
+except ModuleNotFoundError as e:
+    if e.name != "deepspeed":
+        raise
+    raise ModuleNotFoundError("pp_compress.deepspeed needs DeepSpeed, which is not installed: "
+                              "pip install 'pp_compress[deepspeed]'", name="deepspeed") from None
+
 from .integrations.deepspeed import CompressedPipelineEngine, add_argparse_args, disable, enable, finish, initialize
 from .runtime import check_args, resolve_config
 

@@ -116,13 +116,42 @@ def state_file(checkpoint_dir: str, rank: int) -> str:
     return os.path.join(checkpoint_dir, f"pp_compress_rank{rank:05d}.pt")
 
 
+STATE_FORMAT = 1
+"""The version of the per-rank state file's layout: {"format", "config", "ops"} of tensors, numbers and strings."""
+
+
 def save_state(stage: Any, checkpoint_dir: str, rank: int) -> None:
+    """Write one rank's compression state atomically: to a temporary file beside it, then renamed over it, so a crash
+    mid-write leaves the previous file (or none), never a truncated one."""
     os.makedirs(checkpoint_dir, exist_ok=True)
-    torch.save(stage.state_dict(), state_file(checkpoint_dir, rank))
+    path = state_file(checkpoint_dir, rank)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        torch.save({"format": STATE_FORMAT, **stage.state_dict()}, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def load_state(stage: Any, checkpoint_dir: str, rank: int) -> None:
+    """Read one rank's compression state. The file is untrusted input (checkpoint folders are copied and downloaded):
+    it is read with `weights_only=True`, which builds tensors, numbers, strings and containers and never runs code,
+    and its layout and config are checked; any failure is one error that names the file."""
     path = state_file(checkpoint_dir, rank)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} is missing: checkpoint was not written by pp_compress (or by another topology)")
-    stage.load_state_dict(torch.load(path, weights_only=False))
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - pickle's errors name opcodes and globals, not what is wrong with the file
+        raise ValueError(f"{path}: not a pp_compress state file that can be read safely ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:200]}); it may be corrupt, truncated or hold code") from None
+    if not isinstance(state, dict) or not isinstance(state.get("config"), str) or not isinstance(state.get("ops"), dict):
+        raise ValueError(f"{path}: not a pp_compress state file (expected a dict with 'config' and 'ops'); got "
+                         f"{type(state).__name__}{' with keys ' + str(sorted(map(str, state))) if isinstance(state, dict) else ''}")
+    if state.get("format", STATE_FORMAT) != STATE_FORMAT:  # files before the format field have this layout too
+        raise ValueError(f"{path}: state format {state['format']!r}; this pp_compress reads format {STATE_FORMAT}")
+    try:
+        stage.load_state_dict({k: v for k, v in state.items() if k != "format"})
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise ValueError(f"{path}: {e}") from None

@@ -31,6 +31,12 @@ from .ops.base import TensorSpec
 from .pipe import StageCompression
 from .policy import Where
 from .runtime import check_same_config, resolve_config
+from .versions import EngineRange
+
+TESTED = EngineRange("torch.distributed.pipelining", "2.13.0", "2.13.0", ("2.13.0 on CPU with gloo",),
+                     "pip install torch==2.13.0")
+"""The torch releases whose PipelineStage internals (`_retrieve_recv_*`, the receive-buffer caches) this adapter was
+tested against."""
 
 
 class CompressedPipelineStage(PipelineStage):
@@ -41,6 +47,7 @@ class CompressedPipelineStage(PipelineStage):
 
     def __init__(self, submodule: nn.Module, stage_index: int, num_stages: int, device: torch.device,
                  *args: Any, compression: CompressionConfig | str | dict | None = None, **kwargs: Any) -> None:
+        TESTED.check(torch.__version__)
         super().__init__(submodule, stage_index, num_stages, device, *args, **kwargs)
         _, cfg = resolve_config(None, compression)
         for spec in (cfg.activations, cfg.gradients, *(o for b in cfg.boundaries.values()

@@ -13,7 +13,6 @@ import importlib
 import inspect
 import json
 import pkgutil
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -21,8 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import pp_compress as ppc  # noqa: E402
+import pp_compress as ppc
 
 DEFAULT_SPECS = ["identity", "act=int8,grad=int8", "act=topk:0.1,grad=topk:0.1", "act=topk:0.1,grad=topk:0.1+ef"]
 

@@ -6,21 +6,20 @@
 
 --data is a corpus name (shakespeare, austen, kjv, fixture), a .txt file or folder, or a .jsonl with
 {"text"} or {"prompt", "response"} rows (loss on the response only). Every stage loads only its own
-layers' weights from the checkpoint's safetensors. Logs and checkpoints as in recipes/train.py.
+layers' weights from the checkpoint's safetensors. Logs and checkpoints as in lab/pp_lab/train.py.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 
 import torch
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from recipes import data, train  # noqa: E402
-from recipes.convert import DEFAULT_OUT, convert  # noqa: E402
-from recipes.model import GPTConfig, pipeline_module  # noqa: E402
+from pp_lab import data, train
+from pp_lab.convert import DEFAULT_OUT, convert
+from pp_lab.model import GPTConfig
+from pp_lab.pipeline import pipeline_module
 
 
 def main() -> None:
@@ -55,8 +54,9 @@ def main() -> None:
             raise SystemExit(f"--train-sequences {args.train_sequences}: the training set has {len(train_ds)} sequences "
                              f"of {args.seq_len} tokens; accepted: 1..{len(train_ds)}, or 0 for all")
         train_ds = train_ds.select(range(args.train_sequences))
+    cfg, bases = train.with_bottleneck(args, cfg, ckpt, train_ds)
     torch.manual_seed(args.seed)  # weights depend on --seed only (not on what ran before, e.g. a cold cache)
-    module = pipeline_module(cfg, args.stages, checkpoint=ckpt)
+    module = pipeline_module(cfg, args.stages, checkpoint=ckpt, bases=bases)
     meta = {**cfg.to_dict(), "tokenizer": args.tokenizer or str(ckpt), "base_checkpoint": str(ckpt)}
     train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)
     train.finish()

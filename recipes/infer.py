@@ -16,16 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from recipes import data, train  # noqa: E402
-from recipes.model import GPTConfig, pipeline_module  # noqa: E402
+from pp_lab import data, train
+from pp_lab.model import GPTConfig
+from pp_lab.pipeline import pipeline_module
 
 
 def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
@@ -105,7 +104,7 @@ def generate_cached(args: argparse.Namespace, prompts: list[str]) -> dict[str, A
     from tqdm import tqdm
 
     from pp_compress.generate import PipelineGenerator
-    from recipes.kvcache import CachedStage, load_model
+    from pp_lab.kvcache import CachedStage, load_model
 
     model, tok, trained_len = load_model(args.checkpoint)
     rank, stages = dist.get_rank(), dist.get_world_size()

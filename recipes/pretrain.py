@@ -5,21 +5,19 @@
     torchrun --nproc_per_node 4 recipes/pretrain.py --stages 4 --pp-compress "act=int8,grad=topk:0.3+ef" --out runs/p4
 
 On a CPU machine `--num_gpus N` starts N processes (gloo). Text: a public-domain corpus fetched once
-from a package registry (recipes/data.py); GPT-2 tokenizer from a package. See recipes/train.py for
+from a package registry (recipes/data.py); GPT-2 tokenizer from a package. See lab/pp_lab/train.py for
 the logs and checkpoints, and --help for every option.
 """
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch
 import torch.distributed as dist
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from recipes import data, torch_engine, train  # noqa: E402
-from recipes.model import PRESETS, GPTConfig, pipeline_module  # noqa: E402
+from pp_lab import data, torch_engine, train
+from pp_lab.model import PRESETS, GPTConfig
+from pp_lab.pipeline import pipeline_module
 
 
 def main() -> None:
@@ -34,7 +32,7 @@ def main() -> None:
                          "exchange k coordinates + token ids instead of d values; auto = d_model / 16")
     ap.add_argument("--engine", default="deepspeed", choices=["deepspeed", "torch"],
                     help="deepspeed: DeepSpeed's PipelineEngine; torch: torch.distributed.pipelining (1F1B, "
-                         "recipes/torch_engine.py), one stage per process, --untied")
+                         "lab/pp_lab/torch_engine.py), one stage per process, --untied")
     train.add_args(ap, steps=300, lr=1e-3)
     args = ap.parse_args()
     train.check_args(args)
@@ -57,14 +55,15 @@ def main() -> None:
     k = None if args.subspace is None else max(1, d_model // 16) if args.subspace == "auto" else int(args.subspace)
     cfg = GPTConfig.preset(args.model, vocab_size=len(tok), tie_embeddings=not args.untied,
                            layout="sbh" if args.sbh or args.tp > 1 else "bsh", subspace=k)
+    cfg, bases = train.with_bottleneck(args, cfg, None, train_ds)
     if dist.get_rank() == 0:  # the run directory carries its tokenizer: infer.py and eval/ need nothing else
         tok.save_pretrained(args.out / "tokenizer")
     torch.manual_seed(args.seed)  # weights depend on --seed only (not on what ran before, e.g. a cold cache)
     meta = {**cfg.to_dict(), "tokenizer": "tokenizer"}  # the folder inside the run directory
     if args.engine == "torch":
-        torch_engine.train(args, cfg, meta, train_ds, val_ds, data.batches, data.eval_batches)
+        torch_engine.train(args, cfg, meta, train_ds, val_ds, data.batches, data.eval_batches, bases)
     else:
-        module = pipeline_module(cfg, args.stages, tp=args.tp)
+        module = pipeline_module(cfg, args.stages, tp=args.tp, bases=bases)
         train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)
     train.finish()
 

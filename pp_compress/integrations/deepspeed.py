@@ -3,7 +3,7 @@
     engine, optimizer, _, scheduler = pp_compress.deepspeed.initialize(
         model=pipeline_module, config=ds_config, compression="act=int8,grad=topk:0.1+ef")
 
-Only this file imports deepspeed. What it relies on (DeepSpeed 0.19.8, see README):
+Only this file imports deepspeed. What it relies on (tested with DeepSpeed `TESTED`; checked when enabled):
 - `_INSTRUCTION_MAP` holds base-class functions, so the subclass rebuilds it for its overrides to run;
 - `deepspeed.initialize` builds `deepspeed.PipelineEngine` by its package-level name, so `initialize`
   swaps that name for the duration of the call;
@@ -27,11 +27,15 @@ from typing import Any
 import deepspeed
 import torch
 from deepspeed.runtime.pipe import p2p, schedule
-from deepspeed.runtime.pipe.dualpipev import DualPipeVEngine, DualPipeVModule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.runtime.pipe.module import PipelineModule
 from deepspeed.runtime.utils import PartitionedTensor
 from deepspeed.utils import logger
+
+try:
+    from deepspeed.runtime.pipe.dualpipev import DualPipeVEngine, DualPipeVModule
+except ModuleNotFoundError:  # DeepSpeed before 0.19.7 has no DualPipeV schedule: there is nothing of it to adapt
+    DualPipeVEngine = DualPipeVModule = None
 
 from .. import runtime
 from ..config import CompressionConfig
@@ -40,6 +44,10 @@ from ..pipe import StageCompression, View, sample_ids_of
 from ..policy import Where
 from ..runtime import SECTION, check_same_config, load_json, load_state, resolve_config, save_state, spec_arg
 from ..stats import format_table
+from ..versions import EngineRange
+
+TESTED = EngineRange("DeepSpeed", "0.18.9", "0.19.8", ("0.18.9", "0.19.8"), "pip install 'pp_compress[deepspeed]'")
+"""The DeepSpeed releases whose pipeline internals this adapter was tested against (the pyproject extra's range)."""
 
 
 def partition_view(meta: list[int], batch_dim: int) -> View:
@@ -211,98 +219,99 @@ class CompressedPipelineEngine(_Compressed, PipelineEngine):
         schedule.RecvGrad: _exec_recv_grads,
     }
 
-class CompressedDualPipeVEngine(_Compressed, DualPipeVEngine):
-    """DualPipeVEngine whose batched p2p carries compressed payloads. Rank r runs model stage r in phase 0 and model
-    stage 2N - 1 - r in phase 1 (N ranks, 2N model stages); boundary b lies between model stages b and b + 1. Its
-    receives are posted with the other p2p ops of a step and decoded once CommitP2P has waited for them."""
+if DualPipeVEngine is not None:
+    class CompressedDualPipeVEngine(_Compressed, DualPipeVEngine):
+        """DualPipeVEngine whose batched p2p carries compressed payloads. Rank r runs model stage r in phase 0 and model
+        stage 2N - 1 - r in phase 1 (N ranks, 2N model stages); boundary b lies between model stages b and b + 1. Its
+        receives are posted with the other p2p ops of a step and decoded once CommitP2P has waited for them."""
 
-    def pp_compress_setup(self, cfg: CompressionConfig) -> None:
-        specs = [cfg.activations, cfg.gradients, *(x for o in cfg.boundaries.values() for x in (o.activations, o.gradients) if x)]
-        if any(spec.feedback == "aqsgd" for spec in specs):
-            raise NotImplementedError("+aqsgd under DualPipeV: its sample ids would have to be received before the payloads "
-                                      "they size, and DualPipeV posts a step's receives together; use +ef / +ef21 or none")
-        check_same_config(cfg)
-        self.pp_compress = StageCompression(cfg, self.stage_id, 2 * self.num_stages)
-        self._pp_mb = {}
-        self._pp_pending: list[tuple[str, int, bool, list[TensorSpec], Where, list, list]] = []
+        def pp_compress_setup(self, cfg: CompressionConfig) -> None:
+            specs = [cfg.activations, cfg.gradients, *(x for o in cfg.boundaries.values() for x in (o.activations, o.gradients) if x)]
+            if any(spec.feedback == "aqsgd" for spec in specs):
+                raise NotImplementedError("+aqsgd under DualPipeV: its sample ids would have to be received before the payloads "
+                                          "they size, and DualPipeV posts a step's receives together; use +ef / +ef21 or none")
+            check_same_config(cfg)
+            self.pp_compress = StageCompression(cfg, self.stage_id, 2 * self.num_stages)
+            self._pp_mb = {}
+            self._pp_pending: list[tuple[str, int, bool, list[TensorSpec], Where, list, list]] = []
 
-    def _model_stage(self, phase: int) -> int:
-        return self.stage_id if phase == 0 else 2 * self.num_stages - 1 - self.stage_id
+        def _model_stage(self, phase: int) -> int:
+            return self.stage_id if phase == 0 else 2 * self.num_stages - 1 - self.stage_id
 
-    def _at(self, boundary: int, direction: str, kind: str, phase: int) -> Where:
-        return Where(boundary, direction, self.global_steps, self._mb((kind, phase)), self.module.training)
+        def _at(self, boundary: int, direction: str, kind: str, phase: int) -> Where:
+            return Where(boundary, direction, self.global_steps, self._mb((kind, phase)), self.module.training)
 
-    def _exec_send_activations(self, buffer_id: int, phase: int) -> None:
-        outputs = self.pipe_buffers["outputs"][buffer_id]
-        stage = self._downstream_stage(phase)
-        if self._first_send[phase]:  # DeepSpeed's meta handshake, once per phase, uncompressed
-            self._first_send[phase] = False
-            self._send_tensor_meta(outputs, stage)
-        where = self._at(self._model_stage(phase), "act", "send_act", phase)
-        tensors = [outputs] if torch.is_tensor(outputs) else list(outputs)
-        self._queue_p2p(deepspeed.comm.isend, [b for _, b in self.pp_compress.encode(tensors, where)], stage)
-        if not torch.is_grad_enabled():
-            self.pipe_buffers["outputs"][buffer_id] = None
+        def _exec_send_activations(self, buffer_id: int, phase: int) -> None:
+            outputs = self.pipe_buffers["outputs"][buffer_id]
+            stage = self._downstream_stage(phase)
+            if self._first_send[phase]:  # DeepSpeed's meta handshake, once per phase, uncompressed
+                self._first_send[phase] = False
+                self._send_tensor_meta(outputs, stage)
+            where = self._at(self._model_stage(phase), "act", "send_act", phase)
+            tensors = [outputs] if torch.is_tensor(outputs) else list(outputs)
+            self._queue_p2p(deepspeed.comm.isend, [b for _, b in self.pp_compress.encode(tensors, where)], stage)
+            if not torch.is_grad_enabled():
+                self.pipe_buffers["outputs"][buffer_id] = None
 
-    def _exec_recv_activations(self, buffer_id: int, phase: int) -> None:
-        stage = self._upstream_stage(phase)
-        if self._recv_specs[phase] is None:
-            meta = self._recv_tensor_meta(stage)
-            self._recv_specs[phase] = (torch.is_tensor(meta), [(t.shape, t.dtype) for t in ([meta] if torch.is_tensor(meta) else meta)])
-        is_tensor, shapes = self._recv_specs[phase]
-        specs = [TensorSpec(tuple(shape), dtype) for shape, dtype in shapes]
-        self._post_recv("act", buffer_id, is_tensor, specs, self._at(self._model_stage(phase) - 1, "act", "recv_act", phase), stage)
+        def _exec_recv_activations(self, buffer_id: int, phase: int) -> None:
+            stage = self._upstream_stage(phase)
+            if self._recv_specs[phase] is None:
+                meta = self._recv_tensor_meta(stage)
+                self._recv_specs[phase] = (torch.is_tensor(meta), [(t.shape, t.dtype) for t in ([meta] if torch.is_tensor(meta) else meta)])
+            is_tensor, shapes = self._recv_specs[phase]
+            specs = [TensorSpec(tuple(shape), dtype) for shape, dtype in shapes]
+            self._post_recv("act", buffer_id, is_tensor, specs, self._at(self._model_stage(phase) - 1, "act", "recv_act", phase), stage)
 
-    def _exec_send_grads(self, buffer_id: int, phase: int) -> None:
-        inputs = self.pipe_buffers["inputs"][buffer_id]
-        grads = [t.grad for t in ([inputs] if torch.is_tensor(inputs) else inputs) if t.is_floating_point()]
-        if any(g is None for g in grads):
-            raise RuntimeError(f"stage {self.stage_id}: a floating-point input received no gradient; cannot send it back")
-        where = self._at(self._model_stage(phase) - 1, "grad", "send_grad", phase)
-        self._queue_p2p(deepspeed.comm.isend, [b for _, b in self.pp_compress.encode(grads, where)], self._upstream_stage(phase))
-        self.pipe_buffers["inputs"][buffer_id] = None
+        def _exec_send_grads(self, buffer_id: int, phase: int) -> None:
+            inputs = self.pipe_buffers["inputs"][buffer_id]
+            grads = [t.grad for t in ([inputs] if torch.is_tensor(inputs) else inputs) if t.is_floating_point()]
+            if any(g is None for g in grads):
+                raise RuntimeError(f"stage {self.stage_id}: a floating-point input received no gradient; cannot send it back")
+            where = self._at(self._model_stage(phase) - 1, "grad", "send_grad", phase)
+            self._queue_p2p(deepspeed.comm.isend, [b for _, b in self.pp_compress.encode(grads, where)], self._upstream_stage(phase))
+            self.pipe_buffers["inputs"][buffer_id] = None
 
-    def _exec_recv_grads(self, buffer_id: int, phase: int) -> None:
-        outputs = self.pipe_buffers["outputs"][buffer_id]
-        specs = [TensorSpec(tuple(t.shape), t.dtype) for t in ([outputs] if torch.is_tensor(outputs) else outputs)
-                 if t.is_floating_point()]
-        where = self._at(self._model_stage(phase), "grad", "recv_grad", phase)
-        self._post_recv("grad", buffer_id, torch.is_tensor(outputs), specs, where, self._downstream_stage(phase))
+        def _exec_recv_grads(self, buffer_id: int, phase: int) -> None:
+            outputs = self.pipe_buffers["outputs"][buffer_id]
+            specs = [TensorSpec(tuple(t.shape), t.dtype) for t in ([outputs] if torch.is_tensor(outputs) else outputs)
+                     if t.is_floating_point()]
+            where = self._at(self._model_stage(phase), "grad", "recv_grad", phase)
+            self._post_recv("grad", buffer_id, torch.is_tensor(outputs), specs, where, self._downstream_stage(phase))
 
-    def _post_recv(self, kind: str, buffer_id: int, is_tensor: bool, specs: list[TensorSpec], where: Where,
-                   stage: int) -> None:
-        plain = self.pp_compress.plain_buffers(specs, self.device)
-        known: list[Any] = [None] * len(specs)
-        for i, buf in plain:
-            known[i] = buf
-        floats = self.pp_compress.recv_buffers(specs, where, self.device, known)
-        self._queue_p2p(deepspeed.comm.irecv, [b for _, b in plain + floats], stage)
-        self._pp_pending.append((kind, buffer_id, is_tensor, specs, where, plain, floats))
-        self.pipe_buffers["inputs" if kind == "act" else "grads"][buffer_id] = None  # filled after the commit
-
-    def _exec_commit_p2p(self) -> None:
-        super()._exec_commit_p2p()  # posts and waits for every queued op
-        for kind, buffer_id, is_tensor, specs, where, plain, floats in self._pp_pending:
+        def _post_recv(self, kind: str, buffer_id: int, is_tensor: bool, specs: list[TensorSpec], where: Where,
+                       stage: int) -> None:
+            plain = self.pp_compress.plain_buffers(specs, self.device)
             known: list[Any] = [None] * len(specs)
             for i, buf in plain:
-                known[i] = buf.view(torch.bool) if specs[i].dtype == torch.bool else buf
-            out = self.pp_compress.decode(specs, where, known, floats)
-            if kind == "act":
-                for t in out:
-                    t.requires_grad_(t.is_floating_point())
-                self.pipe_buffers["inputs"][buffer_id] = out[0] if is_tensor else tuple(out)
-            else:
-                self.pipe_buffers["grads"][buffer_id] = out[0] if is_tensor else out
-        self._pp_pending = []
+                known[i] = buf
+            floats = self.pp_compress.recv_buffers(specs, where, self.device, known)
+            self._queue_p2p(deepspeed.comm.irecv, [b for _, b in plain + floats], stage)
+            self._pp_pending.append((kind, buffer_id, is_tensor, specs, where, plain, floats))
+            self.pipe_buffers["inputs" if kind == "act" else "grads"][buffer_id] = None  # filled after the commit
 
-    _INSTRUCTION_MAP = {
-        **DualPipeVEngine._INSTRUCTION_MAP,
-        schedule.SendActivation: _exec_send_activations,
-        schedule.RecvActivation: _exec_recv_activations,
-        schedule.SendGrad: _exec_send_grads,
-        schedule.RecvGrad: _exec_recv_grads,
-        schedule.CommitP2P: _exec_commit_p2p,
-    }
+        def _exec_commit_p2p(self) -> None:
+            super()._exec_commit_p2p()  # posts and waits for every queued op
+            for kind, buffer_id, is_tensor, specs, where, plain, floats in self._pp_pending:
+                known: list[Any] = [None] * len(specs)
+                for i, buf in plain:
+                    known[i] = buf.view(torch.bool) if specs[i].dtype == torch.bool else buf
+                out = self.pp_compress.decode(specs, where, known, floats)
+                if kind == "act":
+                    for t in out:
+                        t.requires_grad_(t.is_floating_point())
+                    self.pipe_buffers["inputs"][buffer_id] = out[0] if is_tensor else tuple(out)
+                else:
+                    self.pipe_buffers["grads"][buffer_id] = out[0] if is_tensor else out
+            self._pp_pending = []
+
+        _INSTRUCTION_MAP = {
+            **DualPipeVEngine._INSTRUCTION_MAP,
+            schedule.SendActivation: _exec_send_activations,
+            schedule.RecvActivation: _exec_recv_activations,
+            schedule.SendGrad: _exec_send_grads,
+            schedule.RecvGrad: _exec_recv_grads,
+            schedule.CommitP2P: _exec_commit_p2p,
+        }
 
 
 def _ids(tensors: Any) -> Any:
@@ -315,9 +324,10 @@ def initialize(model: PipelineModule, config: dict | str | None = None,
     DualPipeVModule)."""
     if not isinstance(model, PipelineModule):
         raise TypeError(f"pp_compress compresses pipeline traffic: model must be a deepspeed.pipe.PipelineModule, got {type(model).__name__}")
+    TESTED.check(deepspeed.__version__)
     ds_config, cfg = resolve_config(config, compression)
-    name, engine = ("DualPipeVEngine", CompressedDualPipeVEngine) if isinstance(model, DualPipeVModule) else \
-        ("PipelineEngine", CompressedPipelineEngine)
+    dualpipev = DualPipeVModule is not None and isinstance(model, DualPipeVModule)
+    name, engine = ("DualPipeVEngine", CompressedDualPipeVEngine) if dualpipev else ("PipelineEngine", CompressedPipelineEngine)
     saved = getattr(deepspeed, name)
     setattr(deepspeed, name, engine)  # deepspeed.initialize builds the engine class by this package-level name
     try:
@@ -338,6 +348,7 @@ def enable() -> None:
     `disable()` restores the stock function."""
     if getattr(deepspeed.initialize, "_pp_compress_stock", None) is not None:
         return
+    TESTED.check(deepspeed.__version__)
     stock = deepspeed.initialize
     params = inspect.signature(stock)
 

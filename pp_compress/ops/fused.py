@@ -1,40 +1,90 @@
 """The fused CPU kernels (pp_compress/csrc/*.cpp), built once per machine with torch's C++ extension tooling.
 
-`kernels()` returns the compiled module, building it on first use (about a minute; `make setup` builds it at
-install time, and the build is cached under ~/.cache/torch_extensions). Where it cannot be built (no C++ compiler),
-it warns once with the reason and returns None: the operators then run their eager reference, which gives the same
-codes. `usable(x, size)` says whether a tensor can take the fused path: on CPU, groups of a multiple of 8 values.
+`kernels()` returns the compiled module, building it on first use (about a minute), or None: then the operators run
+their eager reference, which gives the same codes. Prebuild before a job, so that no rank compiles inside its first
+training step:
+
+    python -m pp_compress.kernels           # builds (or finds) this machine's kernels and prints where they are
+
+`PP_COMPRESS_KERNELS` chooses the build:
+- `native` (default): for this machine's vector units (`-march=native`, AVX-512 paths where the CPU has them);
+- `baseline`: the architecture's baseline instruction set, the scalar paths (what a CPU without AVX-512 runs);
+- `0`: no kernels; every operator runs its eager reference.
+
+Each build is cached under a name keyed by the instruction-set features the compiler enables for its flags, so a
+home directory shared by nodes with different CPUs never loads a build made for another CPU (which would die with
+an illegal instruction that Python cannot catch). `usable(x, size)` says whether a tensor can take the fused path:
+on CPU, groups of a multiple of 8 values.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
 import warnings
 from pathlib import Path
 from types import ModuleType
 
+import torch
 from torch import Tensor
 
 SOURCES = [Path(__file__).resolve().parents[1] / "csrc" / name for name in ("fused.cpp", "vq.cpp")]
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
-"""Built for this machine's vector units; no fused multiply-adds and no fast-math, so results are the reference's."""
+FLAGS: dict[str, list[str]] = {
+    "native": ["-O3", "-march=native", "-ffp-contract=off"],
+    "baseline": ["-O3", "-ffp-contract=off"],
+}
+"""Compiler flags per build; no fused multiply-adds and no fast-math in either, so results are the reference's."""
+MODES = (*FLAGS, "0")
+"""The accepted values of PP_COMPRESS_KERNELS."""
 _STATE: dict[str, ModuleType | None] = {}
 
 
-def kernels() -> ModuleType | None:
-    """The compiled kernels, or None (with a one-time warning) where they cannot be built."""
-    if "ext" not in _STATE:
-        try:
-            from torch.utils.cpp_extension import load
+def mode() -> str:
+    """The build PP_COMPRESS_KERNELS asks for (default `native`); a value outside MODES is an error."""
+    value = os.environ.get("PP_COMPRESS_KERNELS", "native")
+    if value not in MODES:
+        raise ValueError(f"PP_COMPRESS_KERNELS={value!r}; accepted: {', '.join(MODES)}")
+    return value
 
-            _STATE["ext"] = load(name="pp_compress_fused", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
-                                 verbose=bool(os.environ.get("PP_COMPRESS_BUILD_VERBOSE")))
-        except Exception as e:  # noqa: BLE001 - any build failure: say why, then the eager reference runs
-            _STATE["ext"] = None
-            warnings.warn(f"pp_compress: the fused CPU kernels could not be built ({type(e).__name__}: {str(e)[:300]}); "
-                          "the operators run their eager reference (same codes, slower)", RuntimeWarning, stacklevel=2)
-    return _STATE["ext"]
+
+def build_name(flags: list[str]) -> str:
+    """The cache name of a build: the sources, the flags, the instruction-set macros the compiler defines for those
+    flags on this machine (with -march=native, this CPU's features), and the torch installation it links against
+    (two environments sharing a home directory would otherwise rebuild over each other's build)."""
+    cxx = os.environ.get("CXX", "c++")
+    macros = subprocess.run([cxx, *flags, "-dM", "-E", "-x", "c++", os.devnull], capture_output=True, text=True,
+                            check=True).stdout
+    h = hashlib.sha256()
+    parts = [*(p.read_bytes() for p in SOURCES), " ".join(flags).encode(), "\n".join(sorted(macros.splitlines())).encode(),
+             f"{torch.__version__} {Path(torch.__file__).parent}".encode()]
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    return f"pp_compress_fused_{h.hexdigest()[:16]}"
+
+
+def kernels() -> ModuleType | None:
+    """The compiled kernels of PP_COMPRESS_KERNELS's build; None where it is `0`, or (with a one-time warning that
+    says why) where they cannot be built."""
+    which = mode()
+    if which not in _STATE:
+        _STATE[which] = None if which == "0" else _build(FLAGS[which])
+    return _STATE[which]
+
+
+def _build(flags: list[str]) -> ModuleType | None:
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load(name=build_name(flags), sources=[str(p) for p in SOURCES], extra_cflags=flags,
+                    verbose=bool(os.environ.get("PP_COMPRESS_BUILD_VERBOSE")))
+    except Exception as e:  # noqa: BLE001 - any build failure: say why, then the eager reference runs
+        warnings.warn(f"pp_compress: the fused CPU kernels could not be built ({type(e).__name__}: {str(e)[:300]}); "
+                      "the operators run their eager reference (same codes, slower); PP_COMPRESS_KERNELS=0 turns them "
+                      "off without this warning", RuntimeWarning, stacklevel=3)
+        return None
 
 
 def usable(x: Tensor, size: int) -> bool:
     """Whether groups of `size` values of x can take the fused path (the kernels pack whole rows of 8 codes)."""
     return x.device.type == "cpu" and size % 8 == 0 and kernels() is not None
+

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from pp_compress.generate import PipelineGenerator
-from recipes.kvcache import CachedStage
-from recipes.model import GPT, GPTConfig
+from pp_lab.kvcache import CachedStage
+from pp_lab.model import GPT, GPTConfig
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--spec", default="none")

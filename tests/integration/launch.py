@@ -1,8 +1,8 @@
-"""ds_worker.py jobs for the tests; the launcher itself is recipes/launch.py (shared with the study and benchmarks)."""
+"""ds_worker.py jobs for the tests; the launcher itself is lab/pp_lab/launch.py (shared with the study and benchmarks)."""
 import json
 from pathlib import Path
 
-from recipes.launch import ROOT, free_port, kill_job, run_job  # noqa: F401 - re-exported for the tests
+from pp_lab.launch import ROOT, free_port, kill_job, run_job  # noqa: F401 - re-exported for the tests
 
 WORKER = Path(__file__).with_name("ds_worker.py")
 

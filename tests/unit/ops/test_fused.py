@@ -1,5 +1,9 @@
 """The fused CPU kernels give the eager reference's codes, scales and reconstructions bitwise (every width, dtype and
 shape they take), and the shapes they do not take run the reference."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -17,6 +21,39 @@ SHAPES = [(4, 128, 576), (3, 64), (2, 5, 16), (1, 8), (16, 40)]
 
 def test_the_kernels_build_here():
     assert fused.kernels() is not None  # the machine this project runs on has a C++ compiler
+
+
+def test_kernels_off_runs_the_reference_without_a_warning(monkeypatch, recwarn):
+    monkeypatch.setenv("PP_COMPRESS_KERNELS", "0")
+    x = torch.randn(4, 64)
+    assert fused.kernels() is None and not fused.usable(x, 64)
+    assert ppc.build("int8")._fused_size((4, 64), x) == 0
+    assert torch.equal(ppc.build("int8").roundtrip(x)[0], ppc.build("int8:kernel=eager").roundtrip(x)[0])
+    assert not [w for w in recwarn if "pp_compress" in str(w.message)]
+
+
+def test_a_bad_kernels_setting_names_the_accepted_values(monkeypatch):
+    monkeypatch.setenv("PP_COMPRESS_KERNELS", "avx")
+    with pytest.raises(ValueError, match="PP_COMPRESS_KERNELS='avx'; accepted: native, baseline, 0"):
+        fused.kernels()
+
+
+def test_builds_are_keyed_by_the_instruction_set_they_use():
+    native, baseline = fused.build_name(fused.FLAGS["native"]), fused.build_name(fused.FLAGS["baseline"])
+    assert native != baseline and native == fused.build_name(fused.FLAGS["native"])
+
+
+@pytest.mark.skipif(os.environ.get("PP_COMPRESS_KERNELS") == "baseline", reason="this run is the baseline build")
+def test_the_baseline_build_is_bitwise_the_eager_reference_too():
+    """The scalar paths (what a CPU without AVX-512 or BMI2 runs): this file's bitwise tests on the baseline build,
+    in a process of their own (`python -m pp_compress.kernels` compiles it first, as a user would prebuild)."""
+    env = {**os.environ, "PP_COMPRESS_KERNELS": "baseline"}
+    built = subprocess.run([sys.executable, "-m", "pp_compress.kernels"], env=env, capture_output=True, text=True)
+    assert built.returncode == 0 and "PP_COMPRESS_KERNELS=baseline: " in built.stdout, built.stderr[-2000:]
+    assert fused.build_name(fused.FLAGS["baseline"]) in built.stdout
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k",
+                        "bitwise or midpoint or reference"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:]
 
 
 @pytest.mark.parametrize("spec", SPECS)

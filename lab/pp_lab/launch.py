@@ -1,0 +1,61 @@
+"""Start a script on several CPU processes (torchrun, or the deepspeed launcher as users run it) on a free port,
+and always reap the whole job: its ranks run in sessions of their own and are found by a mark in their environment.
+The tests, the quality study and the benchmarks all launch recipes through this.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from pp_lab.paths import ROOT
+JOB_MARK = "PP_COMPRESS_JOB"
+"""The environment variable whose value marks every process of one job (see `kill_job`)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", timeout: int = 240,
+            env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run `script` on nproc CPU processes (gloo); returns (exit code, combined log). A job that runs past `timeout`
+    is killed, ranks and all, and raises TimeoutError."""
+    tag = uuid.uuid4().hex  # launchers start ranks in sessions of their own: find them by this mark
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+           JOB_MARK: tag, **(env or {})}
+    port = f"--master_port={free_port()}"
+    if launcher == "deepspeed":  # the product card's launcher: `deepspeed --num_gpus N script.py ...`
+        cmd = [str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", str(nproc), port, str(script), *args]
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", port, str(script), *args]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_job(tag)
+        log, _ = proc.communicate(timeout=30)
+        raise TimeoutError(f"job hung for {timeout}s:\n{log[-4000:]}")
+    finally:
+        kill_job(tag)
+    return proc.returncode, log
+
+
+def kill_job(tag: str) -> None:
+    """SIGKILL every process whose environment carries this job's mark (launcher and ranks alike)."""
+    mark = f"{JOB_MARK}={tag}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue

@@ -1,0 +1,36 @@
+"""The recipe's GPT as a deepspeed.pipe.PipelineModule: the one place that assembles the model's layers (pp_lab.model)
+and, with tensor parallelism, its tensor-parallel blocks (pp_lab.tp) into DeepSpeed's pipeline."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pp_lab import tp as tpmod
+from pp_lab.bottleneck import Basis
+from pp_lab.model import Block, Embedding, GPTConfig, Head, lm_loss, tied_logits
+
+
+def pipeline_module(cfg: GPTConfig, num_stages: int, checkpoint: str | Path | None = None,
+                    partition_method: str = "type:Block", activation_checkpoint_interval: int = 0, tp: int = 1,
+                    bases: dict[int, Basis] | None = None) -> Any:
+    """The same layers as a deepspeed.pipe.PipelineModule; each stage builds (and loads) only its own. With tp > 1
+    the blocks are Megatron-style tensor-parallel (lab/pp_lab/tp.py) over DeepSpeed's PP x TP x DP topology.
+    `bases`: the bottleneck's initial (mu, U) per cut, for a cfg with a bottleneck."""
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+    topology: dict[str, Any] = {"num_stages": num_stages}
+    if tp > 1:
+        if checkpoint is not None or cfg.bottleneck is not None:
+            raise ValueError("a checkpoint or a bottleneck in tensor-parallel blocks is not supported; use tp=1")
+        topology = {"topology": tpmod.topology(num_stages, tp)}
+        group = tpmod.tp_group(topology["topology"])
+        blocks = [LayerSpec(tpmod.TPBlock, cfg, i, group) for i in range(cfg.n_layer)]
+    else:
+        blocks = [LayerSpec(Block, cfg, i, checkpoint, bases) for i in range(cfg.n_layer)]
+    if cfg.tie_embeddings:
+        specs = [TiedLayerSpec("embed", Embedding, cfg, checkpoint), *blocks, LayerSpec(Head, cfg, checkpoint),
+                 TiedLayerSpec("embed", Embedding, cfg, checkpoint, forward_fn=tied_logits)]
+    else:
+        specs = [LayerSpec(Embedding, cfg, checkpoint), *blocks, LayerSpec(Head, cfg, checkpoint)]
+    return PipelineModule(layers=specs, loss_fn=lm_loss, partition_method=partition_method,
+                          activation_checkpoint_interval=activation_checkpoint_interval, **topology)

@@ -1,0 +1,154 @@
+"""The recipes' training loop on torch.distributed.pipelining (`recipes/pretrain.py --engine torch`).
+
+The same GPT layers, cut where DeepSpeed cuts them (`model.stage_cuts`), one stage per process, each a
+`pp_compress.torch_pipelining.CompressedPipelineStage` driven by torch's 1F1B schedule. What a torchtitan-style
+user adds to their own loop is the stage class and its `compression=` argument; everything else here is a plain
+loop: AdamW with the recipes' warm-up + cosine schedule, gradient clipping over the whole pipeline, metrics.jsonl
+and the compression table as lab/pp_lab/train.py writes them. It has no checkpoints: --resume and --save-every are
+DeepSpeed-engine options.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from pp_lab.bottleneck import Basis
+from pp_lab.model import GPTConfig, layers, lm_loss, stage_cuts
+from pp_lab.train import Logger, evaluate_batches
+
+
+class Stage(nn.Module):
+    """Consecutive layers of the GPT as one pipeline stage; the flow between layers is (hidden, sample_ids)."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, *flow: Tensor) -> Any:
+        x: Any = flow if len(flow) > 1 else flow[0]
+        for layer in self.parts:
+            x = layer(x)
+        return x
+
+
+def check(args: argparse.Namespace) -> None:
+    """What this engine's recipe cannot do, refused before any work."""
+    if not args.untied:
+        raise SystemExit("--engine torch: tied embeddings need a gradient all-reduce between the first and the last "
+                         "stage, which this loop does not do; add --untied")
+    bad = [f for f, on in (("--resume", args.resume), ("--save-every", args.save_every), ("--tp", args.tp > 1),
+                           ("--subspace", args.subspace is not None), ("--bf16", args.bf16), ("--sbh", args.sbh),
+                           ("--eval-at-start", args.eval_at_start)) if on]
+    if bad:
+        raise SystemExit(f"--engine torch does not support {', '.join(bad)}; use --engine deepspeed for them")
+
+
+def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_ds: Any, val_ds: Any,
+          batches_fn: Any, eval_batches_fn: Any, bases: dict[int, Basis] | None = None) -> dict[str, Any]:
+    """Train over torch.distributed.pipelining; `bases`: the bottleneck's initial (mu, U) per cut, if cfg has one."""
+    from pp_compress.runtime import check_args
+    from pp_compress.stats import format_table
+    from pp_compress.torch_pipelining import CompressedPipelineStage
+    from torch.distributed.pipelining import Schedule1F1B
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != args.stages:
+        raise SystemExit(f"--engine torch runs one pipeline: start --stages ({args.stages}) processes, not {world}")
+    compression = check_args(args)
+    every = layers(cfg, bases=bases)  # the same random numbers on every rank: each keeps its own slice
+    bounds = [0, *(c + 1 for c in stage_cuts(cfg, args.stages)), len(every)]
+    mod = Stage(every[bounds[rank]:bounds[rank + 1]])
+    stage = CompressedPipelineStage(mod, rank, args.stages, torch.device("cpu"), compression=compression)  # shapes
+    # are inferred from the first micro-batch (torch's dynamic mode)
+    schedule = Schedule1F1B(stage, n_microbatches=args.grad_accum, loss_fn=lm_loss)
+    opt = torch.optim.AdamW([p for p in mod.parameters() if p.requires_grad], lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+    warm = args.warmup if args.warmup is not None else max(1, args.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / warm if s < warm else
+                                              0.1 + 0.45 * (1 + math.cos(math.pi * (s - warm) / max(1, args.steps - warm))))
+    args.out.mkdir(parents=True, exist_ok=True)
+    main = rank == 0
+    if main and args.overwrite:  # check_args let an earlier run through only with --overwrite
+        for name in ("metrics.jsonl", "metrics.csv", "summary.json", "run.json"):
+            (args.out / name).unlink(missing_ok=True)
+    dist.barrier()
+    log = Logger(args.out, main)
+    if main:
+        (args.out / "run.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "model": meta,
+                                                       "pp_compress": str(compression), "engine": "torch",
+                                                       "world": world, "stages": args.stages}, indent=1))
+    it = batches_fn(train_ds, args.micro_batch * args.grad_accum, args.seed)
+    tokens_per_step = args.micro_batch * args.grad_accum * args.seq_len
+    bar = tqdm(total=args.steps, disable=not main, dynamic_ncols=True, unit="step")
+    val_loss, t0 = math.nan, time.perf_counter()
+    for step in range(1, args.steps + 1):
+        (ids, sample_ids), labels = next(it)
+        losses: list[Tensor] = []
+        opt.zero_grad()
+        inputs = (ids, sample_ids) if stage.is_first else ()
+        schedule.step(*inputs, target=labels if stage.is_last else None, losses=losses)
+        clip_(mod, 1.0)
+        opt.step()
+        sched.step()
+        loss = _from_last(float(torch.stack(losses).detach().mean()) if stage.is_last else 0.0, args.stages)
+        bar.update(1)
+        if step % args.log_every == 0 or step == args.steps:
+            now = time.perf_counter()
+            log.write({"kind": "train", "step": step, "tokens": step * tokens_per_step, "loss": loss,
+                       "lr": sched.get_last_lr()[0], "step_s": (now - t0) / args.log_every,
+                       "tokens_per_s": args.log_every * tokens_per_step / (now - t0)})
+            bar.set_postfix(loss=f"{loss:.3f}")
+            t0 = now
+        if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
+            val_loss = _from_last(evaluate_batches(
+                lambda: eval_batches_fn(val_ds, args.micro_batch * args.grad_accum), args.eval_batches,
+                lambda batches: _eval(schedule, stage, next(batches))), args.stages)
+            log.write({"kind": "eval", "step": step, "tokens": step * tokens_per_step, "val_loss": val_loss,
+                       "val_ppl": math.exp(min(val_loss, 50))})
+            t0 = time.perf_counter()
+    bar.close()
+    log.close()
+    stats: list[dict] = [{}] * world
+    dist.all_gather_object(stats, stage.pp_compress_stats())
+    merged = {k: v for rows in stats for k, v in rows.items() if v["calls"]}
+    summary = {"final_val_loss": val_loss, "steps": args.steps, "pp_compress": str(compression), "engine": "torch",
+               "stats": merged}
+    if main:
+        print(f"pp_compress {compression} (torch.distributed.pipelining, 1F1B):\n{format_table(dict(sorted(merged.items())))}",
+              file=sys.stderr)
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        print(f"done: final val loss {val_loss:.4f}; metrics in {args.out / 'metrics.jsonl'}", file=sys.stderr)
+    return summary
+
+
+def _eval(schedule: Any, stage: Any, batch: Any) -> float:
+    (ids, sample_ids), labels = batch
+    losses: list[Tensor] = []
+    schedule.eval(*((ids, sample_ids) if stage.is_first else ()), target=labels if stage.is_last else None, losses=losses)
+    return float(torch.stack(losses).mean()) if stage.is_last else 0.0
+
+
+def _from_last(value: float, stages: int) -> float:
+    """The last stage's number on every rank."""
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.broadcast(t, src=stages - 1)
+    return float(t)
+
+
+def clip_(mod: nn.Module, max_norm: float) -> None:
+    """Clip the gradients of the whole pipeline to `max_norm` (each rank holds one stage's: one all-reduce)."""
+    grads = [p.grad for p in mod.parameters() if p.grad is not None]
+    sq = torch.stack([g.double().pow(2).sum() for g in grads]).sum() if grads else torch.zeros((), dtype=torch.float64)
+    dist.all_reduce(sq)
+    scale = max_norm / (float(sq.sqrt()) + 1e-6)
+    if scale < 1:
+        for g in grads:
+            g.mul_(scale)

@@ -1,0 +1,98 @@
+"""benchmarks/e2e.py and throttle.py: link parsing, the delay model, and one real run over rate-limited links."""
+import argparse
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pp_lab.bench.e2e import LINKS, netns_permitted, parse_link
+from pp_lab.bench.throttle import delay_s
+from tests.integration.launch import ROOT
+
+
+def test_parse_link_forms_and_errors():
+    assert parse_link("none") == ("none", 0.0, 0.0)
+    assert parse_link("100mbit") == ("100mbit", 100.0, LINKS["100mbit"][1])
+    assert parse_link("2.5gbit@0.3ms") == ("2.5gbit", 2500.0, 0.3)
+    with pytest.raises(argparse.ArgumentTypeError, match="'5kbit'.*accepted: none, <N>mbit"):
+        parse_link("5kbit")
+
+
+def test_delay_model():
+    assert delay_s(1_000_000, 0.0, 0.0) == 0.0  # unlimited
+    assert delay_s(1_250_000, 2.0, 100.0) == pytest.approx(0.002 + 0.1)  # 10 Mbit at 100 Mbit/s
+    assert delay_s(0, 5.0, 1.0) == pytest.approx(0.005)
+
+
+def test_compressed_run_over_a_rate_limited_link(tmp_path):
+    """Two stage processes over a 25 Mbit/s link (namespaces + tbf here; emulated where not permitted)."""
+    out = tmp_path / "res"
+    cmd = [sys.executable, str(ROOT / "benchmarks/e2e.py"), "--link", "25mbit@1ms", "--spec", "none", "--spec", "int8",
+           "--steps", "3", "--model", "tiny", "--work", str(tmp_path / "runs"), "--out", str(out),
+           "--", "--corpus", "fixture", "--tokenizer", "bpe512", "--seq-len", "32", "--micro-batch", "2"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = list(csv.DictReader(open(out.with_suffix(".csv"))))
+    assert [x["spec"] for x in rows] == ["none", "int8"]
+    assert {x["mode"] for x in rows} == {"netns+tbf" if netns_permitted() is None else "emulated"}
+    none, int8 = ({k: float(v) for k, v in x.items() if k in ("act_wire", "grad_wire", "raw", "step_s")} for x in rows)
+    assert none["act_wire"] + none["grad_wire"] == none["raw"]
+    assert 3.5 < none["raw"] / (int8["act_wire"] + int8["grad_wire"]) < 4.0
+    assert float(rows[1]["speedup"]) > 0 and out.with_suffix(".png").exists()
+    md = out.with_suffix(".md").read_text()
+    assert "Untied embeddings: the links carry pipeline traffic only" in md
+    assert "`tiny` GPT, 2 stages, micro-batch 2 x seq 32, 4 micro-batches per step" in md
+    assert json.loads((tmp_path / "runs" / "25mbit_none" / "run.json").read_text())["model"]["tie_embeddings"] is False
+    leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout if netns_permitted() is None else ""
+    assert "ppcb" not in leftover  # namespaces torn down
+
+
+def test_the_finetune_recipe_takes_no_model_preset(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/e2e.py"), "--recipe", "finetune", "--model", "tiny",
+                        "--work", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--model tiny: the finetune recipe's model is its checkpoint" in r.stderr
+
+
+PAIR = '''
+import os, socket, sys, time
+size, rank = int(sys.argv[1]), int(os.environ["RANK"])
+if rank == 1:
+    s = socket.create_server(("0.0.0.0", 29601))
+    c, _ = s.accept()
+    for _ in range(3):
+        got = 0
+        while got < size:
+            got += len(c.recv(1 << 20))
+        c.sendall(b"k")
+else:
+    time.sleep(1.0)
+    c = socket.create_connection((os.environ["MASTER_ADDR"].rsplit(".", 1)[0] + ".2", 29601))
+    for _ in range(3):
+        time.sleep(0.3)  # the link idles: a token bucket fills up in between
+        t0 = time.perf_counter()
+        c.sendall(b"x" * size)
+        c.recv(1)
+        print("took", time.perf_counter() - t0)
+'''
+
+
+def test_a_small_message_on_an_idle_shaped_link_takes_the_links_time(tmp_path):
+    """A 37 KB message (one decode step's hidden states for 16 SmolLM2 sequences) over 5 Mbit/s needs 59 ms; the
+    token bucket must not let it through at once."""
+    import sys
+
+    import pytest
+
+    from pp_lab.bench.e2e import Namespaces
+
+    if netns_permitted() is not None:
+        pytest.skip(f"network namespaces: {netns_permitted()}")
+    (tmp_path / "pair.py").write_text(PAIR)
+    with Namespaces(2) as ns:
+        ns.shape(5.0)
+        rc, log = ns.run([sys.executable, str(tmp_path / "pair.py"), "37000"], {"PATH": "/usr/bin:/bin"}, 60)
+    took = [float(line.split()[1]) for line in log.splitlines() if line.startswith("took")]
+    assert rc == 0 and len(took) == 3, log
+    assert min(took) > 0.8 * 37000 * 8 / 5e6, took

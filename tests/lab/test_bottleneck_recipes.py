@@ -1,0 +1,80 @@
+"""--bottleneck K in the recipes, as multi-process pipelines: the exact bytes of what crosses, the identity at k = d,
+checkpoint and resume, the PCA init from a pretrained checkpoint, and both engines."""
+import json
+import math
+import shutil
+
+import pytest
+
+pytest.importorskip("deepspeed")
+from tests.integration.launch import ROOT, run_job  # noqa: E402
+from tests.lab.test_recipes import TINY, ok, private_cache, rows, tiny_llama  # noqa: E402,F401 - the fixture applies here too
+
+PRETRAIN = ROOT / "recipes/pretrain.py"
+B, T, D, K = 2, 32, 64, 16  # micro-batch, sequence, the tiny model's width, the code's width
+
+
+def test_k_equal_d_identity_frozen_trains_bitwise_like_no_bottleneck(tmp_path):
+    common = [*TINY, "--steps", "3", "--eval-every", "3", "--eval-at-start", "--pp-compress", "none"]
+    ok(*run_job(PRETRAIN, 2, *common, "--out", str(tmp_path / "plain")))
+    ok(*run_job(PRETRAIN, 2, *common, "--bottleneck", str(D), "--bottleneck-init", "identity", "--bottleneck-frozen",
+                "--out", str(tmp_path / "bn")))
+    for kind in ("train", "eval"):
+        key = "loss" if kind == "train" else "val_loss"
+        assert [r[key] for r in rows(tmp_path / "bn", kind)] == [r[key] for r in rows(tmp_path / "plain", kind)]
+    assert rows(tmp_path / "bn", "eval")[0]["step"] == 0
+
+
+@pytest.fixture(scope="module")
+def bottlenecked(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bn")
+    ok(*run_job(PRETRAIN, 2, *TINY, "--steps", "4", "--save-every", "2", "--eval-every", "2", "--bottleneck", str(K),
+                "--bottleneck-group", "4",
+                "--pp-compress", "int8:rot,min_numel=0", "--out", str(out)))
+    return out
+
+
+def test_the_code_and_the_sink_cross_compressed_and_their_bytes_are_exact(bottlenecked):
+    train = rows(bottlenecked, "train")
+    code, sink = B * T * K, B * 1 * D  # per micro-batch, 2 micro-batches a step
+    assert all(r["act_raw_bytes"] == 2 * ((code + sink) * 4 + B * 8) for r in train)  # + the int64 sample ids
+    assert all(r["grad_raw_bytes"] == 2 * (code + sink) * 4 for r in train)  # the gradient crosses k-wide too
+    assert all(3.5 < r["act_ratio"] < 4 and 3.5 < r["grad_ratio"] < 4 for r in train)
+    model = json.loads((bottlenecked / "run.json").read_text())["model"]
+    assert model["bottleneck"] == K and model["bottleneck_after"] == [1] and train[-1]["loss"] < train[0]["loss"]
+
+
+def test_a_bottleneck_run_resumes_exactly(bottlenecked, tmp_path):
+    out = tmp_path / "resumed"
+    shutil.copytree(bottlenecked, out, ignore=shutil.ignore_patterns("global_step4", "metrics.*"))
+    (out / "ckpt" / "latest").write_text("global_step2")
+    ok(*run_job(PRETRAIN, 2, *TINY, "--steps", "4", "--eval-every", "2", "--bottleneck", str(K), "--bottleneck-group", "4",
+                "--pp-compress", "int8:rot,min_numel=0", "--out", str(out), "--resume"))
+    assert rows(out, "train")[-1]["loss"] == rows(bottlenecked, "train")[-1]["loss"]
+    assert rows(out, "eval")[-1]["val_loss"] == rows(bottlenecked, "eval")[-1]["val_loss"]
+
+
+def test_the_torch_engine_carries_the_bottleneck_too(tmp_path):
+    ok(*run_job(PRETRAIN, 2, *TINY, "--steps", "3", "--eval-every", "3", "--untied", "--engine", "torch",
+                "--bottleneck", str(K), "--pp-compress", "int8,min_numel=0", "--out", str(tmp_path / "torch")))
+    stats = json.loads((tmp_path / "torch" / "summary.json").read_text())["stats"]
+    per_step = 2 * (B * T * K + B * D) * 4
+    assert stats["b0.act"]["raw_bytes"] == 3 * (per_step + 2 * B * 8)  # + the sample ids
+    assert stats["b0.grad"]["raw_bytes"] == 3 * per_step
+    assert 3.5 < stats["b0.act"]["ratio"] < 4
+
+
+def test_the_pca_init_starts_a_pretrained_model_close_to_itself(tmp_path):
+    ckpt = tiny_llama(tmp_path / "llama")
+    common = ["recipes/finetune.py", "--checkpoint", str(ckpt), "--tokenizer", "gpt2", "--data", "fixture",
+              "--seq-len", "16", "--micro-batch", "2", "--grad-accum", "2", "--steps", "1", "--eval-batches", "2",
+              "--eval-at-start", "--pp-compress", "none"]
+    ok(*run_job(ROOT / common[0], 2, *common[1:], "--out", str(tmp_path / "plain")))
+    ok(*run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "32", "--out", str(tmp_path / "full")))
+    ok(*run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "4", "--out", str(tmp_path / "k4")))
+    start = {n: rows(tmp_path / n, "eval")[0]["val_loss"] for n in ("plain", "full", "k4")}
+    assert math.isclose(start["full"], start["plain"], rel_tol=1e-4)  # k = d: the projection is the identity
+    assert start["k4"] != start["full"] and math.isfinite(start["k4"])
+    rc, log = run_job(PRETRAIN, 2, *TINY, "--steps", "1", "--bottleneck", "8", "--bottleneck-init", "pca",
+                      "--out", str(tmp_path / "scratch"))
+    assert rc != 0 and "--bottleneck-init pca needs a pretrained --checkpoint" in log

@@ -1,0 +1,75 @@
+import argparse
+import csv
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.launch import ROOT
+
+from pp_lab import train
+from pp_lab.train import warn_if_slow_bf16
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the warning is about CPUs")
+def test_bf16_on_a_cpu_without_bf16_units_warns_and_names_the_fix():
+    with pytest.warns(RuntimeWarning, match="drop --bf16"):
+        warn_if_slow_bf16(True, cpuinfo="flags : fpu sse2 avx2 fma")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_slow_bf16(True, cpuinfo="flags : avx2 avx512f avx512_bf16")
+        warn_if_slow_bf16(True, cpuinfo="flags : avx2 amx_bf16 amx_tile")
+        warn_if_slow_bf16(False, cpuinfo="flags : fpu sse2")
+
+
+def test_logger_on_resume_drops_the_rows_logged_after_the_checkpoint(tmp_path):
+    # a run cut off at step 30 with its last checkpoint at 20: steps 21-30 run again on resume, so their rows go
+    log = train.Logger(tmp_path, True)
+    for step in (10, 20, 30):
+        log.write({"kind": "train", "step": step, "loss": 1.0 / step})
+        log.write({"kind": "eval", "step": step, "val_loss": 2.0 / step})
+    log.close()
+    log = train.Logger(tmp_path, True, start=20)
+    log.write({"kind": "train", "step": 30, "loss": 0.5})
+    log.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in rows] == [("train", 10), ("eval", 10), ("train", 20), ("eval", 20), ("train", 30)]
+    assert rows[-1]["loss"] == 0.5
+    csv_rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [int(r["step"]) for r in csv_rows] == [10, 20, 30] and float(csv_rows[-1]["loss"]) == 0.5
+
+
+def test_prune_checkpoints_keeps_the_newest_and_the_latest(tmp_path):
+    prune_checkpoints = train.prune_checkpoints
+    for s in (100, 200, 300, 1000):
+        (tmp_path / f"global_step{s}").mkdir()
+    (tmp_path / "latest").write_text("global_step1000")
+    assert [p.name for p in prune_checkpoints(tmp_path, 2)] == ["global_step100", "global_step200"]  # by step, not by name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step1000", "global_step300", "latest"]
+    (tmp_path / "latest").write_text("global_step300")  # never the one `latest` names
+    assert prune_checkpoints(tmp_path, 1) == [] and (tmp_path / "global_step300").is_dir()
+    assert prune_checkpoints(tmp_path, 0) == []
+    with pytest.raises(ValueError, match="--keep-checkpoints -1; accepted: 0"):
+        prune_checkpoints(tmp_path, -1)
+
+
+def test_the_demos_own_setting_gets_no_warning_and_a_worse_one_does():
+    """`make demo` trains the small GPT with DEMO_SPEC: the note before the run comes from that spec's recorded verdict
+    (pp_compress.presets), so the demo cannot warn against its own setting."""
+    from pp_compress import parse_spec
+    from pp_compress.presets import advice
+
+    demo = next(line.split("?=")[1].strip() for line in (ROOT / "Makefile").read_text().splitlines()
+                if line.startswith("DEMO_SPEC"))
+    args = argparse.Namespace(model="small")
+    assert train.testbed(args) == "small GPT" and advice(parse_spec(demo), train.testbed(args)) is None
+    assert "measured worse" in advice(parse_spec("topk:0.1"), train.testbed(args))
+
+
+def test_the_testbed_of_a_run():
+    ns = argparse.Namespace
+    assert train.testbed(ns(model="small")) == "small GPT" and train.testbed(ns(model="tiny")) is None
+    assert train.testbed(ns(checkpoint=None)) == "SmolLM2-135M"  # finetuning's default checkpoint
+    assert train.testbed(ns(checkpoint=Path("runs/x"))) is None
