@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import CompressionConfig, parse_spec
-from .ops.base import Compressor, Context, TensorSpec
+from .ops.base import Compressor, Context, Deferred, TensorSpec
 from .policy import BoundaryPolicy, Where
 from .stats import DirectionStats
 
@@ -73,19 +73,31 @@ class CompressionBoundary(nn.Module):
         self.stats = {"act": DirectionStats(), "grad": DirectionStats(), "eval": DirectionStats()}
         self.step = 0
         self.sample_ids: Tensor | None = None
+        self.deferred = Deferred()
+        """Non-finite verdicts of tensors on an accelerator: read by the next forward, or by `check()`."""
+
+    def check(self) -> None:
+        """Raise the first failed non-finite check so far (on an accelerator they are not read per tensor, so that the
+        host never waits for the device mid-step; the next forward reads them otherwise)."""
+        self.deferred.raise_pending()
+
+    def _context(self, where: Where, sample_ids: Tensor | None, device: torch.device) -> Context:
+        ctx = self.policy.context(where, 0, sample_ids, name=self.name)
+        return ctx if device.type == "cpu" else ctx.replace(deferred=self.deferred)
 
     def forward(self, x: Tensor, sample_ids: Tensor | None = None) -> Tensor:
+        self.check()  # the previous step's verdicts (both directions) before this one adds its own
         sample_ids = sample_ids if sample_ids is not None else self.sample_ids
         spec = TensorSpec(tuple(x.shape), x.dtype)
         if not self.training:
             where = Where(self.boundary, "act", self.step, training=False)
-            return _roundtrip(self._plan(spec, where, "eval"), x,
-                              self.policy.context(where, 0, sample_ids, name=self.name), self.stats["eval"])
+            return _roundtrip(self._plan(spec, where, "eval"), x, self._context(where, sample_ids, x.device),
+                              self.stats["eval"])
         step, self.step = self.step, self.step + 1
         act_w, grad_w = Where(self.boundary, "act", step), Where(self.boundary, "grad", step)
         return compressed_boundary(x, self._plan(spec, act_w, "act"), self._plan(spec, grad_w, "grad"),
-                                   self.policy.context(act_w, 0, sample_ids, name=self.name),
-                                   self.policy.context(grad_w, 0, sample_ids, name=self.name), self.stats)
+                                   self._context(act_w, sample_ids, x.device), self._context(grad_w, sample_ids, x.device),
+                                   self.stats)
 
     def _plan(self, spec: TensorSpec, where: Where, key: str) -> Compressor | None:
         """The policy's operator for this tensor, counted in the statistics (a gradient is counted when its forward

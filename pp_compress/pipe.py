@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .config import CompressionConfig
-from .ops.base import Compressor, Context, TensorSpec
+from .ops.base import Deferred, Compressor, Context, TensorSpec
 from .policy import BoundaryPolicy, Where
 from .stats import DirectionStats
 from .wire import from_buffer, to_buffer
@@ -48,8 +48,12 @@ class StageCompression:
     given), so an engine may interleave the receives of many micro-batches.
     """
 
-    def __init__(self, cfg: CompressionConfig, stage: int, num_stages: int) -> None:
+    def __init__(self, cfg: CompressionConfig, stage: int, num_stages: int, defer_on_cpu: bool = False) -> None:
         self.stage, self.num_stages = stage, num_stages
+        self.deferred = Deferred()
+        """The non-finite verdicts of tensors on an accelerator (and on the CPU with `defer_on_cpu`): the per-message
+        path never waits for the device; the engine reads them at the end of each step (`raise_pending`)."""
+        self.defer_on_cpu = defer_on_cpu
         for b in cfg.boundaries:
             if b >= num_stages - 1:
                 raise ValueError(f"pp_compress override for boundary {b}, but {num_stages} stages have boundaries 0..{num_stages - 2}")
@@ -70,9 +74,15 @@ class StageCompression:
         """The sender counts calls and bytes, the receiver adds its decompression time to the same key."""
         return self.stats.setdefault(where.stats_key, DirectionStats())
 
-    def _plan(self, spec: TensorSpec, where: Where, i: int, ids: Tensor | None,
-              view: View | None) -> tuple[Compressor | None, Context]:
+    def raise_pending(self) -> None:
+        """Raise the first failed deferred check of the messages so far (one host read for all of them)."""
+        self.deferred.raise_pending()
+
+    def _plan(self, spec: TensorSpec, where: Where, i: int, ids: Tensor | None, view: View | None,
+              device: torch.device | None = None) -> tuple[Compressor | None, Context]:
         ctx = self.policy.context(where, i, ids, None if view is None else (view[1] if view[1] is not None else 0))
+        if device is not None and (device.type != "cpu" or self.defer_on_cpu):
+            ctx = ctx.replace(deferred=self.deferred)
         op = self.policy.plan(spec, where)
         if op is not None:
             if ctx.sample_ids is None and where.training and getattr(op, "tag", "") == "aqsgd":
@@ -101,7 +111,7 @@ class StageCompression:
         out, ops = [], []
         for i in wire_order(specs):
             t = tensors[i]
-            op, ctx = self._plan(specs[i], where, i, ids, seen.get(i))
+            op, ctx = self._plan(specs[i], where, i, ids, seen.get(i), t.device)
             ops.append(op)
             raw = t.numel() * t.element_size()
             if op is None:
@@ -151,7 +161,7 @@ class StageCompression:
                for t, s in zip(plain, specs)]  # bool travels as its uint8 bytes
         for i, buf in buffers:
             spec = specs[i]
-            op, ctx = self._plan(spec, where, i, ids, seen.get(i))
+            op, ctx = self._plan(spec, where, i, ids, seen.get(i), buf.device)
             if op is None:
                 out[i] = buf
                 continue

@@ -1,7 +1,7 @@
 """Counters per boundary and direction: bytes before/after, ratio, timings, relative error."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +28,8 @@ class DirectionStats:
     float tensor below min_numel, or no float tensor at all. Warm-up steps are intended and not counted."""
     skip_reason: str = ""
     """Why the last skipped message was skipped, e.g. "below min_numel"."""
+    pending: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    """Squared error and norm of measurements on an accelerator, still on the device (folded in when read)."""
 
     @property
     def noop(self) -> bool:
@@ -42,7 +44,14 @@ class DirectionStats:
     @property
     def rel_error(self) -> float:
         """||x - x_hat|| / ||x|| over everything measured (NaN when nothing was measured)."""
+        self.fold()
         return (self.err_sq / self.ref_sq) ** 0.5 if self.ref_sq else float("nan")
+
+    def fold(self) -> None:
+        """Add the measurements still on the device (one host read for all of them)."""
+        if self.pending:
+            sums = torch.stack([torch.stack(p) for p in self.pending]).sum(0).tolist()  # (2,)
+            self.err_sq, self.ref_sq, self.pending = self.err_sq + sums[0], self.ref_sq + sums[1], []
 
     def record(self, raw_bytes: int, wire_bytes: int, compress_s: float = 0.0, decompress_s: float = 0.0) -> None:
         self.calls += 1
@@ -52,11 +61,18 @@ class DirectionStats:
         self.decompress_s += decompress_s
 
     def record_error(self, x: Tensor, x_hat: Tensor) -> None:
-        ref = x.detach().double()
-        self.err_sq += float(torch.sum((ref - x_hat.detach().double()) ** 2))
-        self.ref_sq += float(torch.sum(ref**2))
+        """Add ||x - x_hat||^2 and ||x||^2 (in float64 where the device has it). On an accelerator they stay there until
+        read, so measuring never waits for the device."""
+        wide = torch.float64 if x.device.type == "cpu" else torch.float32
+        ref = x.detach().to(wide)
+        sums = (torch.sum((ref - x_hat.detach().to(wide)) ** 2), torch.sum(ref**2))
+        if x.device.type == "cpu":
+            self.err_sq, self.ref_sq = self.err_sq + float(sums[0]), self.ref_sq + float(sums[1])
+        else:
+            self.pending.append(sums)
 
     def as_dict(self) -> dict[str, Any]:
+        self.fold()
         return {
             "calls": self.calls,
             "raw_bytes": self.raw_bytes,

@@ -64,9 +64,15 @@ class CompressedPipelineStage(PipelineStage):
 
     # --- bookkeeping --------------------------------------------------------------------------
     def clear_runtime_states(self) -> None:
+        self.pp_compress_check()  # the previous step's verdicts, if the training loop did not read them
         super().clear_runtime_states()
         self.pp_compress_step += 1
         self._pending.clear()
+
+    def pp_compress_check(self) -> None:
+        """Raise the first failed non-finite check of the messages so far (on an accelerator they are read here, not
+        per message, so that the host never waits for the device mid-step); call it after each `Schedule.step`."""
+        self.pp_compress.raise_pending()
 
     def _where(self, boundary: int, direction: str, chunk: int) -> Where:
         return Where(boundary, direction, max(self.pp_compress_step, 0), chunk, self.has_backward)

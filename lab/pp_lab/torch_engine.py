@@ -95,6 +95,7 @@ def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_
         opt.zero_grad()
         inputs = (ids, sample_ids) if stage.is_first else ()
         schedule.step(*inputs, target=labels if stage.is_last else None, losses=losses)
+        stage.pp_compress_check()  # the step's deferred non-finite verdicts (on an accelerator), read once
         clip_(mod, 1.0)
         opt.step()
         sched.step()

@@ -102,10 +102,16 @@ class _Compressed:
 
     def train_batch(self, data_iter: Any = None) -> Any:
         loss = super().train_batch(data_iter)
+        self.pp_compress.raise_pending()  # the step's non-finite verdicts left on the device, read once
         every = self.steps_per_print()
         if every and self.global_steps % every == 0 and self.grid.data_parallel_id == 0:
             logger.info(self.pp_compress_report())
         return loss
+
+    def eval_batch(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().eval_batch(*args, **kwargs)
+        self.pp_compress.raise_pending()
+        return out
 
     # --- checkpoints: one file of compression state per global rank ---------------------------
     def save_checkpoint(self, save_dir: str, tag: Any = None, client_state: dict | None = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -45,6 +46,49 @@ Layout = list[TensorSpec]
 def layout_nbytes(layout: Layout) -> int:
     """Exact number of bytes a payload with this layout puts on the wire."""
     return sum(spec.nbytes for spec in layout)
+
+
+class Deferred:
+    """Checks whose verdicts stay on the device until `raise_pending()`. On an accelerator a `bool()` of a device
+    tensor waits for every queued kernel, so the host could not queue the next micro-batch meanwhile; deferred, the
+    per-message path never waits, and the engine reads all verdicts of a step at once, at its end. The errors are the
+    same and still name the boundary and the step; they are raised there rather than inside the message."""
+
+    def __init__(self) -> None:
+        self._flags: list[Tensor] = []
+        self._errors: list[tuple[type[Exception], Callable[[], str]]] = []
+
+    def expect(self, ok: Tensor, error: type[Exception], message: Callable[[], str]) -> None:
+        """Record a verdict (a one-element bool tensor, True when fine) and the error to raise if it is False.
+        `message` must not hold large tensors: it lives until the verdict is read."""
+        self._flags.append(ok.reshape(()))
+        self._errors.append((error, message))
+
+    def __len__(self) -> int:
+        return len(self._flags)
+
+    def raise_pending(self) -> None:
+        """Read every recorded verdict (one host synchronization for all of them) and raise the first that failed."""
+        if not self._flags:
+            return
+        flags, errors = torch.stack(self._flags), self._errors
+        self._flags, self._errors = [], []
+        bad = (~flags).nonzero().flatten().tolist()
+        if bad:
+            error, message = errors[bad[0]]
+            raise error(message())
+
+
+def expect_finite(t: Tensor, ctx: "Context", error: type[Exception], message: Callable[[], str],
+                  detail: Callable[[], str] | None = None) -> None:
+    """Raise error(message() + detail()) if t holds NaN/Inf: now, or under `ctx.deferred` when the engine reads the
+    step's verdicts (then without `detail`, which may look at tensors that must not be kept alive until then)."""
+    if not t.numel():
+        return
+    if ctx.deferred is not None:
+        ctx.deferred.expect(torch.isfinite(t).all(), error, message)
+    elif has_nonfinite(t):
+        raise error(message() + (detail() if detail else ""))
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,6 +134,9 @@ class Context:
     see the tensor with this dim moved to the front (see `Compressor.batch_grouped`)."""
     training: bool = True
     """False for inference: stateful wrappers then neither read nor update their state."""
+    deferred: "Deferred | None" = None
+    """Where the non-finite checks leave their verdicts when they must not wait for the device (an accelerator):
+    the engine reads them at the end of the step (`Deferred.raise_pending`). None: each check reads its verdict now."""
 
     @property
     def key(self) -> str:
@@ -200,13 +247,13 @@ class Compressor(abc.ABC):
         FloatingPointError naming the boundary, never a silent inf."""
         ctx = ctx or Context()
         out = self._batch_first(self.decode, payload, ctx)
-        if self.nonfinite == "raise" and out.numel() and has_nonfinite(out):
-            raise FloatingPointError(
-                f"{ctx.name}: {self.spec} decoded finite input to {int((~torch.isfinite(out)).sum())} NaN/Inf value(s) "
-                f"at step {ctx.step}: the reconstruction does not fit {payload.dtype} (largest finite "
-                f"{torch.finfo(payload.dtype).max:.4g}); send this tensor in a wider dtype or use an operator whose "
-                "output stays within the input's range"
-            )
+        if self.nonfinite == "raise":
+            spec, dtype = self.spec, payload.dtype
+            expect_finite(out, ctx, FloatingPointError, lambda: (
+                f"{ctx.name}: {spec} decoded finite input to NaN/Inf at step {ctx.step}: the reconstruction does not "
+                f"fit {dtype} (largest finite {torch.finfo(dtype).max:.4g}); send this tensor in a wider dtype or use "
+                "an operator whose output stays within the input's range"),
+                lambda: f"; {int((~torch.isfinite(out)).sum())} of them")
         return out
 
     def roundtrip(self, x: Tensor, ctx: Context | None = None) -> tuple[Tensor, Payload]:
@@ -313,12 +360,10 @@ def check_input(x: Tensor, ctx: Context, nonfinite: str) -> None:
             f"{ctx.name}: only floating-point tensors are compressed, got {x.dtype} "
             f"(accepted: {', '.join(str(d) for d in FLOAT_DTYPES)}); pass other tensors through untouched"
         )
-    if nonfinite == "raise" and x.numel() and has_nonfinite(x):
-        bad = int((~torch.isfinite(x)).sum())
-        raise FloatingPointError(
-            f"{ctx.name}: input has {bad} NaN/Inf value(s) at step {ctx.step}; refusing to compress "
-            "(set nonfinite='allow' to send them through operators that preserve them)"
-        )
+    if nonfinite == "raise":
+        expect_finite(x, ctx, FloatingPointError, lambda: (
+            f"{ctx.name}: input has NaN/Inf values at step {ctx.step}; refusing to compress (set nonfinite='allow' "
+            "to send them through operators that preserve them)"), lambda: f"; {int((~torch.isfinite(x)).sum())} of them")
 
 
 def saturate(x: Tensor, dtype: torch.dtype) -> tuple[Tensor, int]:

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
+from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite
 from .bits import MAX_LEVELS, levels_nbytes, pack_levels, unpack_levels
 from . import fused
 from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, check_kernel, check_per, check_scale, from_groups, group_dims,
@@ -153,10 +153,10 @@ class NormalFloat(Compressor):
         return Payload((pack_levels(codes.reshape(-1), c.levels), scale), x.shape, x.dtype)
 
     def _check_scale(self, scale: Tensor, x: Tensor, ctx: Context) -> None:
-        if not bool(torch.isfinite(scale).all()):
-            raise FloatingPointError(f"{ctx.name}: {self.spec} absmax overflows scale={self.config.scale} at step "
-                                     f"{ctx.step} (max |x| {float(x.abs().max()):.4g} in {x.dtype}); use scale=bf16 or "
-                                     "scale=fp32")
+        spec, name = self.spec, self.config.scale
+        expect_finite(scale, ctx, FloatingPointError, lambda: (
+            f"{ctx.name}: {spec} absmax overflows scale={name} at step {ctx.step}; use scale=bf16 or scale=fp32"),
+            lambda: f" (max |x| {float(x.abs().max()):.4g} in {x.dtype})")
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
         c = self.config

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from . import fused, hadamard
 from .bits import pack_bits, packed_nbytes, unpack_bits
-from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
+from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite
 from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, check_kernel, check_per, check_scale, from_groups, group_dims,
                      round_down, round_scale, safe_scale, to_groups)
 
@@ -135,11 +135,11 @@ class IntQuant(Compressor):
             p = Payload(self._quantize(y, ctx).tensors, x.shape, x.dtype)
         else:
             p = self._quantize(x, ctx)
-        if not all(bool(torch.isfinite(t).all()) for t in p.tensors[1:]):  # scales (and zero points): tiny
-            raise FloatingPointError(
-                f"{ctx.name}: {self.spec} scales overflow scale={self.config.scale} at step {ctx.step} (max |x| "
-                f"{float(x.abs().max()):.4g} in {x.dtype}); " + ("the input holds NaN/Inf" if not bool(torch.isfinite(x).all())
-                                                                   else "use a wider scale: scale=bf16 or scale=fp32"))
+        spec, scale = self.spec, self.config.scale
+        for t in p.tensors[1:]:  # scales (and zero points): tiny
+            expect_finite(t, ctx, FloatingPointError, lambda: (
+                f"{ctx.name}: {spec} scales overflow scale={scale} at step {ctx.step}; use a wider scale: scale=bf16 or "
+                "scale=fp32"), lambda: f" (max |x| {float(x.abs().max()):.4g} in {x.dtype})")
         return p
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:

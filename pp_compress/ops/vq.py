@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from . import fused, pivoted
-from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
+from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite
 from .bits import pack_bits, packed_nbytes, unpack_bits
 from .groups import SCALE_DTYPES, check_kernel, check_scale, safe_scale
 
@@ -223,12 +223,11 @@ class VectorQuant(Compressor):
         peak = t.abs().amax(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)  # (tiles, 1)
         scale = ((t / peak).square().mean(1).sqrt() * peak[:, 0]).to(SCALE_DTYPES[c.scale])  # (tiles,) RMS; no overflow
         cb = codebook(c.dim, c.code_bits, x.device)  # (points, dim)
-        if not bool(torch.isfinite(scale.float() * cb.abs().max()).all()):  # the decoder's largest product
-            raise FloatingPointError(
-                f"{ctx.name}: {self.spec} at step {ctx.step}: a tile's RMS times the codebook's outermost point "
-                f"overflows fp32 or scale={c.scale} (max |x| {float(x.abs().max()):.4g} in {x.dtype}); "
-                + ("the input holds NaN/Inf" if not bool(torch.isfinite(x).all())
-                   else "values this close to the dtype's max need absmax scales: int<b>:rot or tile"))
+        spec = self.spec
+        expect_finite(scale.float() * cb.abs().max(), ctx, FloatingPointError, lambda: (  # the decoder's largest product
+            f"{ctx.name}: {spec} at step {ctx.step}: a tile's RMS times the codebook's outermost point overflows fp32 "
+            f"or scale={c.scale} in {x.dtype}; values this close to the dtype's max need absmax scales: int<b>:rot or "
+            "tile"), lambda: f" (max |x| {float(x.abs().max()):.4g})")
         v = (t / safe_scale(scale.float())[:, None]).reshape(-1, c.dim)  # (tiles * size / dim, dim)
         codes = search(v, cb, c) if c.kernel == "fused" else nearest(v, cb)  # (tiles * size / dim,)
         return Payload((pack_bits(codes, c.code_bits), scale, *pivots), x.shape, x.dtype)

@@ -56,3 +56,25 @@ def test_the_rotation_by_matrix_product_on_cuda_is_the_butterfly(n):
     for after in (False, True):
         a, b = hadamard.fwht(x, n, d, after, fused=True), hadamard.fwht(x, n, d, after, fused=False)
         assert a.is_cuda and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["int8", "safe", "aggressive", "int4:rot", "nf6", "int3:stoch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_deferred_message_never_waits_for_the_device(spec, dtype):
+    """With the non-finite checks deferred (what every engine does on a GPU), compress + decompress of a preset makes
+    no synchronizing CUDA call after warm-up: torch's sync debug mode turns any into an error."""
+    from pp_compress.ops.base import Deferred
+
+    deferred = Deferred()
+    cfg = ppc.parse_spec(spec)
+    for direction in ("act", "grad"):
+        op = cfg.spec_for(0, direction).build()
+        x = torch.randn(4, 128, 576, device="cuda", dtype=dtype)
+        for step in range(3):
+            ctx = ppc.Context(direction=direction, step=step, deferred=deferred)
+            torch.cuda.set_sync_debug_mode("error" if step == 2 else 0)
+            try:
+                op.decompress(op.compress(x, ctx), ctx)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    deferred.raise_pending()

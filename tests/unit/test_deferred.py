@@ -1,0 +1,79 @@
+"""Deferred non-finite checks: with a Deferred in the Context the per-message path makes no host-blocking tensor call
+(what waits for an accelerator), and a failure is still raised, naming the boundary and the step, when the engine
+reads the verdicts."""
+import math
+
+import pytest
+import torch
+
+import pp_compress as ppc
+from pp_compress.ops.base import Deferred, TensorSpec
+from pp_compress.pipe import StageCompression
+from pp_compress.policy import Where
+
+BLOCKING = ("__bool__", "item", "tolist", "cpu", "numpy", "__int__", "__float__", "__index__")
+
+
+@pytest.fixture
+def host_reads(monkeypatch):
+    """Counts every host-blocking tensor call while `on[0]` is set."""
+    calls: list[str] = []
+    on = [False]
+    for name in BLOCKING:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, __name=name, __original=original, **k):
+            if on[0]:
+                calls.append(__name)
+            return __original(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return calls, on
+
+
+@pytest.mark.parametrize("spec", ["int8", "safe", "aggressive", "int4:rot", "nf6", "int3:stoch", "act=int8:rot+ef21"])
+def test_a_preset_message_makes_no_host_read_in_steady_state(spec, host_reads):
+    calls, on = host_reads
+    cfg = ppc.parse_spec(spec)
+    for direction in ("act", "grad"):
+        op = cfg.spec_for(0, direction).build()
+        deferred = Deferred()
+        for step in range(3):  # steps 0-1 warm up (kernels built, codebooks and tables cached)
+            x = torch.randn(4, 64, 576)
+            ctx = ppc.Context(direction=direction, step=step, deferred=deferred)
+            on[0] = step == 2
+            op.decompress(op.compress(x, ctx), ctx)
+            on[0] = False
+        assert calls == [], (spec, direction, calls)
+        assert len(deferred) > 0
+        deferred.raise_pending()  # all fine
+
+
+def test_a_deferred_failure_is_raised_when_read_and_names_the_boundary_and_step():
+    op, deferred = ppc.build("int8"), Deferred()
+    x = torch.randn(4, 64)
+    x[1, 3] = math.nan
+    ctx = ppc.Context(name="boundary2.act", boundary=2, step=5, deferred=deferred)
+    op.decompress(op.compress(x, ctx), ctx)  # nothing raised mid-message
+    with pytest.raises(FloatingPointError, match=r"boundary2\.act: input has NaN/Inf values at step 5"):
+        deferred.raise_pending()
+    deferred.raise_pending()  # read once: nothing is left
+    with pytest.raises(FloatingPointError, match=r"boundary2\.act: input has NaN/Inf values at step 5; .*; 1 of them$"):
+        op.compress(x, ctx.replace(deferred=None))  # without a Deferred the check reads its verdict at once
+
+
+def test_a_stage_defers_its_checks_and_the_engine_reads_them_once_a_step():
+    send = StageCompression(ppc.parse_spec("int8"), 0, 2, defer_on_cpu=True)
+    recv = StageCompression(ppc.parse_spec("int8"), 1, 2, defer_on_cpu=True)
+    x = torch.randn(2, 8, 64)
+    x[0, 0, 0] = math.inf
+    where = Where(0, "act", 7, 0, True)
+    buffers = send.encode([x], where)
+    out = recv.decode([TensorSpec((2, 8, 64), torch.float32)], where, [None], buffers)
+    assert out[0].shape == x.shape
+    with pytest.raises(FloatingPointError, match=r"boundary0\.act: input has NaN/Inf values at step 7"):
+        send.raise_pending()
+    with pytest.raises(FloatingPointError, match=r"boundary0\.act: int8 decoded finite input to NaN/Inf at step 7"):
+        recv.raise_pending()
+    for stage in (send, recv):
+        stage.raise_pending()  # read: nothing is left
