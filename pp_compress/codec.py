@@ -24,6 +24,7 @@ from torch import Tensor
 from . import wire
 from .config import CompressionConfig, parse_spec
 from .ops.base import Compressor, Context
+from .pipe import decode_received
 
 
 class Codec:
@@ -61,4 +62,4 @@ class Codec:
         """The tensor a `pack` of this shape and dtype sent (a buffer of another size is refused by name)."""
         ctx = self._context(step)
         layout = self.op.wire_layout(tuple(shape), dtype, ctx)
-        return self.op.decompress(wire.from_buffer(buffer.reshape(-1), layout, torch.Size(shape), dtype), ctx)
+        return decode_received(self.op, wire.from_buffer(buffer.reshape(-1), layout, torch.Size(shape), dtype), ctx)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .config import CompressionConfig
-from .ops.base import Deferred, Compressor, Context, TensorSpec
+from .ops.base import Compressor, Context, Deferred, Payload, TensorSpec
 from .policy import BoundaryPolicy, Where
 from .stats import DirectionStats
 from .wire import from_buffer, to_buffer
@@ -168,7 +168,7 @@ class StageCompression:
             shape = seen[i][0] if i in seen else spec.shape
             t0 = time.perf_counter()
             layout = op.layout(shape, spec.dtype, ctx)
-            out[i] = op.decompress(from_buffer(buf, layout, torch.Size(shape), spec.dtype), ctx).reshape(spec.shape)
+            out[i] = decode_received(op, from_buffer(buf, layout, torch.Size(shape), spec.dtype), ctx).reshape(spec.shape)
             self._stats(where).decompress_s += time.perf_counter() - t0
         if where.direction == "grad" and where.training:
             self._observe(out, where, sample_ids)  # type: ignore[arg-type]
@@ -217,6 +217,17 @@ class StageCompression:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state)
+
+
+def decode_received(op: Compressor, payload: Payload, ctx: Context) -> Tensor:
+    """`op.decompress` of a payload that came from a peer: untrusted bytes. A payload that does not decode (an index
+    out of range, a count that does not match) is one error that says so and names the boundary and step."""
+    try:
+        return op.decompress(payload, ctx)
+    except (IndexError, RuntimeError, ValueError) as e:
+        raise ValueError(f"{ctx.name}: the message received at step {ctx.step} (micro-batch {ctx.micro_batch}) does "
+                         f"not decode with {op.spec} ({type(e).__name__}: {str(e).splitlines()[0][:200]}): it is corrupt, "
+                         "or its sender runs another config") from e
 
 
 def _wire(t: Tensor) -> Tensor:

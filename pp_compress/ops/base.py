@@ -250,9 +250,9 @@ class Compressor(abc.ABC):
         if self.nonfinite == "raise":
             spec, dtype = self.spec, payload.dtype
             expect_finite(out, ctx, FloatingPointError, lambda: (
-                f"{ctx.name}: {spec} decoded finite input to NaN/Inf at step {ctx.step}: the reconstruction does not "
-                f"fit {dtype} (largest finite {torch.finfo(dtype).max:.4g}); send this tensor in a wider dtype or use "
-                "an operator whose output stays within the input's range"),
+                f"{ctx.name}: {spec} decoded finite input to NaN/Inf at step {ctx.step}: the message is corrupt, or the "
+                f"reconstruction does not fit {dtype} (largest finite {torch.finfo(dtype).max:.4g}; then send this "
+                "tensor in a wider dtype or use an operator whose output stays within the input's range)"),
                 lambda: f"; {int((~torch.isfinite(out)).sum())} of them")
         return out
 

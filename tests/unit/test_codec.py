@@ -34,3 +34,18 @@ def test_a_buffer_of_the_wrong_size_is_refused_with_both_sizes():
 def test_a_bad_direction_names_the_accepted_ones():
     with pytest.raises(ValueError, match="direction='fwd'; accepted: act, grad"):
         ppc.Codec("int8", direction="fwd")
+
+
+@pytest.mark.parametrize("spec", ["int8", "safe", "aggressive", "topk:0.1", "nf6", "int3:stoch"])
+def test_random_bytes_from_a_peer_decode_to_finite_values_or_one_error_that_says_the_message_is_corrupt(spec):
+    send, recv = ppc.Codec(spec), ppc.Codec(spec)
+    x = torch.randn(4, 128, 576)
+    _, n = send.pack(x)
+    for seed in range(8):
+        noise = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+        try:
+            y = recv.unpack(noise, x.shape, x.dtype)
+        except (ValueError, FloatingPointError) as e:
+            assert str(e).startswith("boundary0.act: ") and "corrupt" in str(e), str(e)
+        else:
+            assert y.shape == x.shape and bool(torch.isfinite(y).all())
