@@ -24,6 +24,12 @@ def _same(a: dict, b: dict, keys: tuple[str, ...]) -> None:
 @pytest.mark.parametrize("feature", [("--eval-options",), ("--act-ckpt",), ("--reshape",)],
                          ids=["eval_batch-options", "activation-checkpointing", "reset_activation_shape"])
 def test_identity_is_bitwise_stock_and_int8_stays_close(tmp_path, feature):
+    import deepspeed
+
+    from pp_compress.versions import release
+
+    if "--act-ckpt" in feature and release(deepspeed.__version__) < (0, 19, 0):
+        pytest.skip("stock DeepSpeed before 0.19 cannot checkpoint activations on its CPU accelerator (no Stream there)")
     stock, _ = run(tmp_path / "stock", 2, "--steps", "4", *feature)
     ident, _ = run(tmp_path / "ident", 2, "--steps", "4", "--spec", "identity", *feature)
     _same(stock, ident, ("losses", "eval", "eval_logits_sum", "eval_nobcast", "sent_bytes"))
