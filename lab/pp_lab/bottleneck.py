@@ -3,7 +3,8 @@ receiving stage decodes them, and the code then crosses the wire through any pp_
 reductions multiply (d/k from the bottleneck times the codec's own ratio).
 
 What crosses boundary b is `(code, sink)` instead of the hidden state `h` (B, T, d):
-- `code` = E(h) = W_e h + b_e, (B, T, k), laid out g tokens to a row with `group` g: (B, T / g, g k);
+- `code` = E(h) = W_e h + b_e, (B, T, k), zero at the first s tokens, laid out g tokens to a row with `group` g:
+  (B, T / g, g k);
 - `sink` = h[:, :s], (B, s, d): the first s tokens exactly (the attention sink of LLaMA-family models carries
   channels ~100x the median token's, which no low-rank code keeps; s = 1 by default);
 and the receiving block rebuilds h = D(code) with D(c) = W_d c + b_d, its first s tokens replaced by the sink, before
@@ -44,9 +45,13 @@ class Encoder(nn.Module):
         self.bias = nn.Parameter(-(u.T @ mu), requires_grad=trainable)  # (k,)
 
     def forward(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        sink = h.narrow(self.seq_dim, 0, self.sink).contiguous()  # (B, s, d)
-        code = F.linear(h, self.weight, self.bias)  # (B, T, k): the sink tokens' codes too (k values a sequence)
-        return _rows(code, self.group), sink
+        t, dim = h.shape[self.seq_dim], self.seq_dim
+        sink = h.narrow(dim, 0, self.sink).contiguous()  # (B, s, d)
+        code = F.linear(h.narrow(dim, self.sink, t - self.sink), self.weight, self.bias)  # (B, T - s, k)
+        # the sink tokens' places stay in the code, as zeros: rows keep whole groups of tokens, and the sink's own
+        # code (its channels are ~100x the others') would otherwise set the scale of every row it shares
+        zeros = code.new_zeros(code.shape[:dim] + (self.sink,) + code.shape[dim + 1:])  # (B, s, k)
+        return _rows(torch.cat([zeros, code], dim=dim), self.group), sink
 
 
 class Decoder(nn.Module):

@@ -28,6 +28,7 @@ def test_what_crosses_is_the_code_and_the_sink_and_both_directions_shrink():
     code, sink, ids = enc((h, torch.arange(3)))
     assert code.shape == (3, 10, 16) and sink.shape == (3, 2, 64) and torch.equal(ids, torch.arange(3))
     assert torch.equal(sink, plain(h)[:, :2])  # the first tokens cross exactly
+    assert not code[:, :2].any() and code[:, 2:].abs().sum() > 0  # their codes are zeros: no row scale is theirs
     code.retain_grad()
     out, _ = dec((code, sink, ids))
     out.sum().backward()
