@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -71,11 +72,32 @@ def kernels() -> ModuleType | None:
     return _STATE[which]
 
 
+STALE_LOCK_S = 600
+"""A build lock older than this is most likely left by a build that was killed."""
+
+
+def stale_lock(name: str) -> Path | None:
+    """torch's build of `name` takes a `lock` file in its build folder and waits for as long as one exists, so a build
+    killed mid-way leaves every later process waiting forever. The lock if it is older than STALE_LOCK_S, else None."""
+    from torch.utils import cpp_extension
+
+    folder = getattr(cpp_extension, "_get_build_directory", None)  # private; without it, nothing to say
+    lock = Path(folder(name, False)) / "lock" if folder else None
+    if lock is None or not lock.exists():
+        return None
+    return lock if time.time() - lock.stat().st_mtime > STALE_LOCK_S else None
+
+
 def _build(flags: list[str]) -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load
 
-        return load(name=build_name(flags), sources=[str(p) for p in SOURCES], extra_cflags=flags,
+        name = build_name(flags)
+        if (lock := stale_lock(name)) is not None:
+            warnings.warn(f"pp_compress: {lock} is {(time.time() - lock.stat().st_mtime) / 60:.0f} min old; the build "
+                          "waits until it is gone. If no process is building the kernels, a killed build left it: "
+                          "delete it", RuntimeWarning, stacklevel=3)
+        return load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=flags,
                     verbose=bool(os.environ.get("PP_COMPRESS_BUILD_VERBOSE")))
     except Exception as e:  # noqa: BLE001 - any build failure: say why, then the eager reference runs
         warnings.warn(f"pp_compress: the fused CPU kernels could not be built ({type(e).__name__}: {str(e)[:300]}); "

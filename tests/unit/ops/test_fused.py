@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -36,6 +38,23 @@ def test_a_bad_kernels_setting_names_the_accepted_values(monkeypatch):
     monkeypatch.setenv("PP_COMPRESS_KERNELS", "avx")
     with pytest.raises(ValueError, match="PP_COMPRESS_KERNELS='avx'; accepted: native, baseline, 0"):
         fused.kernels()
+
+
+def test_an_old_build_lock_is_named_and_a_fresh_one_is_not(tmp_path, monkeypatch):
+    """A killed build leaves torch's lock file, and every later build waits on it: an old one gets a warning."""
+    import time
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = Path(_get_build_directory("pp_compress_fused_test", False)) / "lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    assert fused.stale_lock("pp_compress_fused_test") is None
+    lock.touch()
+    assert fused.stale_lock("pp_compress_fused_test") is None  # another process may be building right now
+    old = time.time() - fused.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    assert fused.stale_lock("pp_compress_fused_test") == lock
 
 
 def test_builds_are_keyed_by_the_instruction_set_they_use():
