@@ -16,6 +16,7 @@ were sent (one Codec per link and direction). Pass `step=` explicitly where that
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 import torch
@@ -25,6 +26,7 @@ from . import wire
 from .config import CompressionConfig, parse_spec
 from .ops.base import Compressor, Context
 from .pipe import decode_received
+from .policy import BoundaryPolicy, Where
 
 
 class Codec:
@@ -37,20 +39,21 @@ class Codec:
         """The whole configuration (a preset or spec string is parsed once)."""
         self.op: Compressor = cfg.spec_for(boundary, direction, training).build(cfg.nonfinite)
         """The operator of this boundary and direction (its error-feedback state lives here)."""
-        self.base = Context(boundary=boundary, direction=direction, seed=cfg.seed, batch_dim=cfg.batch_dim,
-                            training=training)
+        self.policy = BoundaryPolicy(cfg)
+        """The boundary policy every engine uses: it names the boundary and seeds each message's Context."""
+        self.where = Where(boundary, direction, 0, 0, training)
         """Where the messages travel; each call's step is filled in."""
         self.calls = 0
         """Messages packed or unpacked so far: the next message's default step."""
 
     def _context(self, step: int | None) -> Context:
-        ctx = self.base.replace(step=self.calls if step is None else step)
+        ctx = self.policy.context(dataclasses.replace(self.where, step=self.calls if step is None else step))
         self.calls += 1
         return ctx
 
     def nbytes(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> int:
         """The exact size of one message for a tensor of this shape and dtype."""
-        return self.op.wire_nbytes(tuple(shape), dtype, self.base)
+        return self.op.wire_nbytes(tuple(shape), dtype, self.policy.context(self.where))
 
     def pack(self, x: Tensor, step: int | None = None) -> tuple[Tensor, int]:
         """Compress x into one flat uint8 buffer on x's device; returns (buffer, bytes used)."""
