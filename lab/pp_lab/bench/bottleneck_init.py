@@ -1,0 +1,85 @@
+"""What a learned boundary bottleneck costs a pretrained model before any training, and what codecs cost on its codes.
+
+    python benchmarks/bottleneck_init.py    # -> results/bench/bottleneck_init_smollm2.md (`make models` first)
+
+SmolLM2-135M-Instruct cut as the SmolLM2 study cuts it (4 stages: after blocks 8, 16 and 23), every cut replaced at
+once by its PCA-initialised bottleneck (pp_lab/bottleneck.py: 24 training sequences of Austen, the sink token in
+full, d / k tokens' codes to a row), evaluated on held-out sequences in one process: the validation loss with no
+codec on the codes and through each codec (the in-process boundary, pp_compress.insert_boundaries), next to the
+model without a bottleneck in the same run. A second table gives each codec's bits per element of the dense fp32
+tensor from its exact wire layout, with the codes in rows of k values and in rows of d.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import torch
+
+import pp_compress as ppc
+from pp_lab import data
+from pp_lab.bottleneck import calibrate
+from pp_lab.convert import DEFAULT_OUT
+from pp_lab.model import GPT, GPTConfig, lm_loss, stage_cuts
+from pp_lab.paths import BENCH
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--k", type=int, action="append", default=None, help="code widths (default 288, 144, 72, 36)")
+    ap.add_argument("--codec", action="append", default=None, help="specs on the codes (default int8:rot, vq:4)")
+    ap.add_argument("--sequences", type=int, default=16, help="held-out sequences of 128 tokens evaluated")
+    ap.add_argument("--out", type=Path, default=BENCH / "bottleneck_init_smollm2.md")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    ks, codecs = args.k or [288, 144, 72, 36], args.codec or ["int8:rot", "vq:4"]
+    cfg = GPTConfig.from_hf(args.checkpoint)
+    tok = data.load_tokenizer(str(args.checkpoint))
+    train_ds, val_ds = data.lm_datasets(data.corpus_files("austen"), tok, 128, 0.05)
+    calib = train_ds.with_format("torch", columns=["input_ids"])[:24]["input_ids"].split(4)  # 24 x (128,)
+    val = val_ds.with_format("torch", columns=["input_ids", "labels"])[: args.sequences]
+    plain = GPT(cfg, args.checkpoint).eval()
+    cuts = tuple(int(c) - 1 for c in stage_cuts(cfg, 4))
+    with torch.no_grad():
+        base = float(lm_loss(plain(val["input_ids"]), val["labels"]))
+        rows = []
+        for k in ks:
+            bn = dataclasses.replace(cfg, bottleneck=k, bottleneck_after=cuts, bottleneck_group=cfg.d_model // k)
+            bases = calibrate(list(plain.layers), cuts, k, 1, calib)
+            losses = []
+            for codec in ["none", *codecs]:
+                model = GPT(bn, args.checkpoint, bases).eval()
+                if codec != "none":
+                    ppc.insert_boundaries(model, after=[c + 1 for c in cuts], cfg=f"{codec},min_numel=0",
+                                          blocks=model.layers)
+                    model.eval()
+                losses.append(float(lm_loss(model(val["input_ids"]), val["labels"])) - base)
+                print(f"k={k} {codec}: {losses[-1]:+.3f}", flush=True)
+            rows.append(f"| {k} | " + " | ".join(f"{x:+.3f}" for x in losses) + " |")
+    bits = []
+    for codec in codecs:
+        op = ppc.build(codec)
+        cells = [op.wire_nbytes((4, 128 * k // w, w), torch.float32) * 8 / (4 * 128 * cfg.d_model)
+                 for k in ks for w in (k, cfg.d_model)]
+        bits.append(f"| `{codec}` | " + " | ".join(f"{b:.2f}" for b in cells) + " |")
+    lines = ["# A learned bottleneck on SmolLM2-135M before training", "",
+             f"Command: `python benchmarks/bottleneck_init.py` ({args.sequences} held-out sequences of 128 tokens of "
+             f"Austen, cuts after blocks {', '.join(str(c + 1) for c in cuts)}, all replaced at once; the model without "
+             f"a bottleneck: {base:.3f}).", "",
+             "Validation loss minus the model's without a bottleneck (in process the sink token passes exactly; a "
+             "pipeline sends it through the codec too):", "",
+             "| k | no codec | " + " | ".join(f"`{c}` on the codes" for c in codecs) + " |",
+             "|---|" + "---|" * (1 + len(codecs)), *rows, "",
+             "Bits per element of the dense fp32 tensor (the codes of 128 tokens of 4 sequences; the sink token not "
+             "counted), codes in rows of k or of d = 576:", "",
+             "| codec | " + " | ".join(f"k={k}, rows of {w}" for k in ks for w in (k, cfg.d_model)) + " |",
+             "|---|" + "---|" * (2 * len(ks)), *bits, ""]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
