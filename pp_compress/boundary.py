@@ -74,11 +74,13 @@ class CompressionBoundary(nn.Module):
         self.step = 0
         self.sample_ids: Tensor | None = None
         self.deferred = Deferred()
-        """Non-finite verdicts of tensors on an accelerator: read by the next forward, or by `check()`."""
+        """Non-finite verdicts of tensors on an accelerator: polled by each forward without waiting (they arrive a step
+        or so later), all read by `check()`."""
 
     def check(self) -> None:
-        """Raise the first failed non-finite check so far (on an accelerator they are not read per tensor, so that the
-        host never waits for the device mid-step; the next forward reads them otherwise)."""
+        """Raise the first failed non-finite check so far, waiting for the device if need be (on an accelerator they
+        are not read per tensor, so that the host never waits mid-step; each forward polls those already on the
+        host). Call it after the last step."""
         self.deferred.raise_pending()
 
     def _context(self, where: Where, sample_ids: Tensor | None, device: torch.device) -> Context:
@@ -86,7 +88,7 @@ class CompressionBoundary(nn.Module):
         return ctx if device.type == "cpu" else ctx.replace(deferred=self.deferred)
 
     def forward(self, x: Tensor, sample_ids: Tensor | None = None) -> Tensor:
-        self.check()  # the previous step's verdicts (both directions) before this one adds its own
+        self.deferred.poll()  # earlier steps' verdicts that have reached the host; never waits
         sample_ids = sample_ids if sample_ids is not None else self.sample_ids
         spec = TensorSpec(tuple(x.shape), x.dtype)
         if not self.training:

@@ -1,7 +1,8 @@
 """Compression operators: one small module per family, each pure (see ops/base.py).
 
 Every module of this package is imported here, and each operator config registers itself when its class is
-defined (`OpConfig.__init_subclass__`), so adding an operator is adding its module: no list to edit.
+defined (`OpConfig.__init_subclass__`), so adding an operator is adding its module: no list to edit. Modules whose
+names start with `_` are left out: they hold device kernels, imported by their operators where their compiler exists.
 """
 import importlib
 import pkgutil
@@ -9,7 +10,8 @@ import pkgutil
 from .base import REGISTRY, Compressor, Context, Layout, OpConfig, Payload, TensorSpec, layout_nbytes
 
 for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def op_configs() -> tuple[type[OpConfig], ...]:

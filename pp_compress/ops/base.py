@@ -49,14 +49,17 @@ def layout_nbytes(layout: Layout) -> int:
 
 
 class Deferred:
-    """Checks whose verdicts stay on the device until `raise_pending()`. On an accelerator a `bool()` of a device
-    tensor waits for every queued kernel, so the host could not queue the next micro-batch meanwhile; deferred, the
-    per-message path never waits, and the engine reads all verdicts of a step at once, at its end. The errors are the
-    same and still name the boundary and the step; they are raised there rather than inside the message."""
+    """Checks whose verdicts stay on the device until `raise_pending()` or `poll()`. On an accelerator a `bool()` of
+    a device tensor waits for every queued kernel, so the host could not queue the next micro-batch meanwhile;
+    deferred, the per-message path never waits. An engine reads all verdicts of a step at once, at its end
+    (`raise_pending`); a loop that must never wait polls (`poll`): the verdicts travel to pinned host memory
+    asynchronously and are read once they have arrived, a step or so later. The errors are the same and still name
+    the boundary and the step; they are raised there rather than inside the message."""
 
     def __init__(self) -> None:
         self._flags: list[Tensor] = []
         self._errors: list[tuple[type[Exception], Callable[[], str]]] = []
+        self._inflight: list[tuple[Tensor, Any, list[tuple[type[Exception], Callable[[], str]]]]] = []
 
     def expect(self, ok: Tensor, error: type[Exception], message: Callable[[], str]) -> None:
         """Record a verdict (a one-element bool tensor, True when fine) and the error to raise if it is False.
@@ -65,15 +68,42 @@ class Deferred:
         self._errors.append((error, message))
 
     def __len__(self) -> int:
-        return len(self._flags)
+        return len(self._flags) + sum(len(errors) for _, _, errors in self._inflight)
 
     def raise_pending(self) -> None:
         """Read every recorded verdict (one host synchronization for all of them) and raise the first that failed."""
+        self._send()
+        inflight, self._inflight = self._inflight, []
+        for host, event, errors in inflight:
+            if event is not None:
+                event.synchronize()
+            self._raise_first(host, errors)
+
+    def poll(self) -> None:
+        """Start copying the recorded verdicts to the host, and raise the first failed one among those whose copy has
+        arrived; never waits for the device."""
+        self._send()
+        while self._inflight and (self._inflight[0][1] is None or self._inflight[0][1].query()):
+            host, _, errors = self._inflight.pop(0)
+            self._raise_first(host, errors)
+
+    def _send(self) -> None:
         if not self._flags:
             return
-        flags, errors = torch.stack(self._flags), self._errors
+        flags, errors = torch.stack(self._flags), self._errors  # (n,) bool, on the device of the checks
         self._flags, self._errors = [], []
-        bad = (~flags).nonzero().flatten().tolist()
+        if flags.device.type == "cpu":
+            self._inflight.append((flags, None, errors))
+            return
+        host = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)  # (n,)
+        host.copy_(flags, non_blocking=True)
+        event = torch.Event(device=flags.device)
+        event.record()
+        self._inflight.append((host, event, errors))
+
+    @staticmethod
+    def _raise_first(host: Tensor, errors: list[tuple[type[Exception], Callable[[], str]]]) -> None:
+        bad = (~host).nonzero().flatten().tolist()  # a host tensor: no device synchronization
         if bad:
             error, message = errors[bad[0]]
             raise error(message())

@@ -19,7 +19,7 @@ SCALE_CODES = {"fp32": 0, "bf16": 1, "fp16": 2}
 KERNELS = ("fused", "eager")
 PER_FORMS = "tensor | row | channel | block<N> (e.g. block64)"
 # Relative bump that makes a scale rounded to nearest in this dtype never smaller than the exact one.
-_ROUND_UP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 0.0}
+ROUND_UP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 0.0}
 
 
 def check_per(per: str, allowed: tuple[str, ...] = ("tensor", "row", "channel")) -> None:
@@ -86,12 +86,12 @@ def from_groups(g: Tensor, shape: tuple[int, ...], per: str) -> Tensor:
 
 def round_scale(s: Tensor, dtype: torch.dtype) -> Tensor:
     """Cast positive fp32 scales to `dtype`, rounding up so quantized values never clip."""
-    return (s * (1.0 + _ROUND_UP[dtype])).to(dtype)
+    return (s * (1.0 + ROUND_UP[dtype])).to(dtype)
 
 
 def round_down(z: Tensor, dtype: torch.dtype) -> Tensor:
     """Cast fp32 offsets to `dtype`, rounding towards -inf (asymmetric zero points)."""
-    return (z - z.abs() * _ROUND_UP[dtype]).to(dtype)
+    return (z - z.abs() * ROUND_UP[dtype]).to(dtype)
 
 
 def safe_scale(scale: Tensor) -> Tensor:

@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import Tensor
 
-from . import fused, hadamard
+from . import fused, hadamard, triton_int
 from .bits import pack_bits, packed_nbytes, unpack_bits
 from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite
 from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, check_kernel, check_per, check_scale, from_groups, group_dims,
@@ -60,7 +60,9 @@ class IntQuantConfig(OpConfig):
     """Randomized Hadamard rotation over blocks of the last dim: off; auto (bare `rot`: the largest power of two
     up to 256 that divides the last dim); or a block size, a power of two >= 2 that must divide the last dim."""
     kernel: str = "fused"
-    """fused: the one-pass CPU kernel (ops/fused.py) where this configuration has one: symmetric, nearest or
+    """fused: on a CUDA device, one Triton kernel each way (ops/triton_int.py) for symmetric per-row codes of 2..8
+    bits, nearest or stochastic, with or without rotation; on CPU, the one-pass kernel (ops/fused.py) where this
+    configuration has one: symmetric, nearest or
     stochastic (the same draws), per row or per block of a multiple of 8 values that tile the tensor, and the
     Hadamard rotation (blocks of a multiple of 8), in the same pass where groups and blocks nest (one size divides
     the other); the codes are bitwise the reference's.
@@ -125,7 +127,11 @@ class IntQuant(Compressor):
         c = self.config
         n = c.rot_block(tuple(x.shape), ctx.name)
         size = self._fused_rot_size(tuple(x.shape), x, n)
-        if size:  # one pass: each unit rotated in cache and quantized from there (the same codes as below)
+        if self._on_device(x, x.shape[-1], n):  # one kernel: [rotation], scales, rounding, packing
+            d = hadamard.signs(x.shape[-1], ctx.generator(x.device, "rot"), x.device) if n else None  # (last,)
+            key = ctx.noise_key("int") if c.stoch else None
+            p = Payload(triton_int.sym_encode(x, c.bits, SCALE_DTYPES[c.scale], n, d, key), x.shape, x.dtype)
+        elif size:  # one pass: each unit rotated in cache and quantized from there (the same codes as below)
             d = hadamard.signs(x.shape[-1], ctx.generator(x.device, "rot"), x.device)  # (last,)
             key = ctx.noise_key("int") if c.stoch else None
             codes, scale = fused.kernels().rot_sym_encode(x.contiguous(), d, n, size, c.bits, SCALE_CODES[c.scale], key)
@@ -146,6 +152,10 @@ class IntQuant(Compressor):
         c = self.config
         shape = tuple(payload.shape)
         n = c.rot_block(shape, ctx.name)
+        codes = payload.tensors[0]
+        if self._on_device(codes, shape[-1] if shape else 1, n):
+            d = hadamard.signs(shape[-1], ctx.generator(codes.device, "rot"), codes.device) if n else None  # (last,)
+            return triton_int.sym_decode(codes, payload.tensors[1], shape, payload.dtype, c.bits, n, d)
         if not n:
             return self._dequantize(payload)
         if size := self._fused_rot_size(shape, payload.tensors[0], n):
@@ -155,6 +165,12 @@ class IntQuant(Compressor):
                                                   like).reshape(shape)
         y = self._dequantize(Payload(payload.tensors, payload.shape, torch.float32))  # rotated values, fp32
         return hadamard.unrotate(y, n, ctx.generator(y.device, "rot"), payload.dtype, self.config.kernel == "fused")
+
+    def _on_device(self, like: Tensor, last: int, n: int) -> bool:
+        """Whether the device kernels (ops/triton_int.py) encode and decode this tensor: symmetric per-row codes."""
+        c = self.config
+        return (c.kernel == "fused" and c.per == "row" and not (c.asym or c.compile)
+                and triton_int.usable(like, last, c.bits, n))
 
     def _fused_size(self, shape: tuple[int, ...], like: Tensor) -> int:
         """The group size when the fused kernel takes this tensor (0 when the reference runs)."""

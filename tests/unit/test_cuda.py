@@ -43,3 +43,22 @@ def test_boundary_trains_on_cuda(cfg):
     (b,) = [m for m in model.modules() if isinstance(m, ppc.CompressionBoundary)]
     assert b.stats["act"].ratio > 1.9 and b.stats["grad"].ratio > 1.9
     assert all(t.is_cuda for t in state_tensors(b.state_dict()["_extra_state"]))
+
+
+@pytest.mark.parametrize("cfg", ["safe", "aggressive"])
+def test_boundary_steps_never_wait_for_the_device_and_still_report_non_finite_input(cfg):
+    """Steady-state training steps through a boundary make no host synchronization (sync debug mode 'error' raises at
+    any); a NaN sent through it is reported by a later poll, or by check()."""
+    model = _mlp(cfg, width=64, device=DEV)
+    x = torch.randn(8, 64, device=DEV)
+    (b,) = [m for m in model.modules() if isinstance(m, ppc.CompressionBoundary)]
+    for step in range(4):
+        torch.cuda.set_sync_debug_mode("error" if step >= 2 else 0)
+        try:
+            model(x).square().sum().backward()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    b.check()
+    model(torch.full_like(x, float("nan"))).sum().backward()
+    with pytest.raises(FloatingPointError, match="NaN/Inf"):
+        b.check()

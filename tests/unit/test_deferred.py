@@ -77,3 +77,15 @@ def test_a_stage_defers_its_checks_and_the_engine_reads_them_once_a_step():
         recv.raise_pending()
     for stage in (send, recv):
         stage.raise_pending()  # read: nothing is left
+
+
+def test_poll_raises_a_failed_verdict_once_it_is_on_the_host_and_only_once():
+    deferred = Deferred()
+    deferred.expect(torch.tensor(True), FloatingPointError, lambda: "fine")
+    deferred.poll()  # CPU verdicts are on the host at once: read, nothing failed
+    assert len(deferred) == 0
+    deferred.expect(torch.tensor(False), FloatingPointError, lambda: "boundary1.grad: bad at step 3")
+    with pytest.raises(FloatingPointError, match="boundary1.grad: bad at step 3"):
+        deferred.poll()
+    deferred.poll()
+    deferred.raise_pending()  # read once: nothing is left

@@ -5,7 +5,8 @@
 For each spec it prints and writes (results/bench/codec_profile_<device>.md) the wall time per round, the
 device (kernel) time per round, the number of kernels launched and host-device synchronizations per round, and the
 operators with the most device time. Wall time far above kernel time means the codec waits on launches and
-synchronizations rather than on memory bandwidth.
+synchronizations rather than on memory bandwidth. On an accelerator the non-finite checks are deferred, as the engines
+defer them there.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from pp_lab.paths import ROOT
 import pp_compress as ppc
-from pp_lab.bench.ops import timer
+from pp_lab.bench.ops import context, timer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -33,7 +34,7 @@ def sync(device: torch.device) -> None:
 def profile_spec(spec: str, x: torch.Tensor, rounds: int, top: int, shapes: bool = False) -> tuple[dict, list[str]]:
     """(summary row, markdown lines of the top operators by device time) for `rounds` encode + decode rounds;
     with `shapes`, an operator's calls are listed per input shape, to tell apart calls of one operator."""
-    op, ctx = ppc.build(spec), ppc.Context(training=False)
+    op, ctx = ppc.build(spec), context(x.device)
     for _ in range(3):  # warm-up: codebooks, grids, compiled kernels
         op.decompress(op.compress(x, ctx), ctx)
     sync(x.device)
@@ -45,6 +46,8 @@ def profile_spec(spec: str, x: torch.Tensor, rounds: int, top: int, shapes: bool
             op.decompress(op.compress(x, ctx), ctx)
         sync(x.device)
         wall = (time.perf_counter() - t0) / rounds
+    if ctx.deferred is not None:
+        ctx.deferred.raise_pending()
     events = prof.key_averages(group_by_input_shape=shapes)
     dev_us = lambda e: e.self_device_time_total if cuda else e.self_cpu_time_total  # noqa: E731
     kernels = sum(e.count for e in events if cuda and e.device_type == torch.autograd.DeviceType.CUDA)

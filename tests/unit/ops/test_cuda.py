@@ -78,3 +78,35 @@ def test_a_deferred_message_never_waits_for_the_device(spec, dtype):
             finally:
                 torch.cuda.set_sync_debug_mode(0)
     deferred.raise_pending()
+
+
+TRITON_SPECS = ["int8", "int8:rot", "int8:stoch", "int4:rot", "int3:rot:stoch", "int6", "int2:stoch:scale=fp16"]
+
+
+@pytest.mark.parametrize("spec", TRITON_SPECS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(4, 128, 576), (2, 64, 2048), (16, 576)])
+def test_the_triton_kernels_are_the_eager_reference_on_cuda(spec, dtype, shape):
+    """Compiled for the device, the kernels of ops/triton_int.py give the eager reference's codes, scales and
+    reconstructions bitwise, as the interpreter does on CPU (tests/unit/ops/test_triton_int.py)."""
+    from pp_compress.ops import triton_int
+
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(2)) * 3).to(device="cuda", dtype=dtype)
+    x[..., 0, 5] = 40.0
+    op, eager = ppc.build(spec), ppc.build(f"{spec}:kernel=eager")
+    ctx = ppc.Context(step=5, micro_batch=2)
+    assert op._on_device(x, shape[-1], op.config.rot_block(shape, "test")) and triton_int.available()
+    want, got = eager.compress(x, ctx), op.compress(x, ctx)
+    assert all(torch.equal(a, b) for a, b in zip(got.tensors, want.tensors))
+    assert torch.equal(op.decompress(got, ctx), eager.decompress(want, ctx))
+
+
+def test_the_triton_kernels_take_fp16_and_report_non_finite_rows():
+    from pp_compress.ops import hadamard, triton_int
+
+    x = torch.randn(8, 512, device="cuda", dtype=torch.float16)
+    op, eager, ctx = ppc.build("int8:rot"), ppc.build("int8:rot:kernel=eager"), ppc.Context()
+    assert all(torch.equal(a, b) for a, b in zip(op.compress(x, ctx).tensors, eager.compress(x, ctx).tensors))
+    x[3, 7] = float("nan")
+    _, scale = triton_int.sym_encode(x, 8, torch.bfloat16, 256, hadamard.signs(512, torch.Generator("cuda"), x.device))
+    assert (~torch.isfinite(scale)).nonzero().flatten().tolist() == [3]

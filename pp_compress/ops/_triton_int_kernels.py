@@ -1,0 +1,97 @@
+"""The Triton kernels of ops/triton_int.py (imported only where Triton is installed; see there for what they do and
+why they are the eager reference's bitwise)."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def butterfly(y, P: tl.constexpr, N: tl.constexpr, LOGN: tl.constexpr):
+    """The Walsh-Hadamard butterfly over each row of y (P, N), N = 2**LOGN: LOGN add/subtract levels, lowest
+    index bit first (the eager reference's order)."""
+    for level in tl.static_range(LOGN):
+        h: tl.constexpr = 1 << level
+        v = tl.permute(tl.reshape(y, (P, N // (2 * h), 2, h)), (0, 1, 3, 2))  # (P, pairs, h, 2)
+        a, b = tl.split(v)  # (P, pairs, h) each
+        y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (P, N))
+    return y
+
+
+@triton.jit
+def cast(y, dtype: tl.constexpr):
+    """fp32 y in `dtype`, rounded to nearest even as torch's casts; bf16 by integer arithmetic, because Triton's
+    interpreter truncates there (NaN stays NaN: its top bits do not change)."""
+    if dtype == tl.bfloat16:
+        bits = y.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return y.to(dtype)
+
+
+@triton.jit
+def rne(q):
+    """Round fp32 |q| < 2**22 to the nearest integer, ties to even (torch.round), with IEEE adds."""
+    return (q + 12582912.0) - 12582912.0
+
+
+@triton.jit(do_not_specialize=["key"])  # a key that happens to be 1 must not become a constant
+def encode(x_ptr, d_ptr, codes_ptr, scale_ptr, key, LAST: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
+           BITS: tl.constexpr, ROT: tl.constexpr, STOCH: tl.constexpr, BUMP: tl.constexpr,
+           INV: tl.constexpr, LOGN: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N) positions in the row
+    valid = col < LAST
+    y = tl.load(x_ptr + row * LAST + col, mask=valid, other=0.0).to(tl.float32)  # (P, N)
+    if ROT:
+        y = y * INV
+        y = y * tl.load(d_ptr + col, mask=valid, other=0.0)
+        y = butterfly(y, P, N, LOGN)
+    top: tl.constexpr = 2 ** (BITS - 1) - 1
+    topf: tl.constexpr = 2.0 ** (BITS - 1) - 1.0
+    absmax = tl.max(tl.max(tl.abs(y), axis=1), axis=0) + tl.sum(tl.sum(y * 0.0, axis=1), axis=0)  # NaN if any
+    scale = cast(tl.math.div_rn(absmax, topf) * (1.0 + BUMP), scale_ptr.dtype.element_ty)
+    tl.store(scale_ptr + row, scale)
+    s = scale.to(tl.float32)
+    q = tl.math.div_rn(y, tl.where(s > 0, s, 1.0))  # (P, N)
+    if STOCH:
+        z = (row * LAST + col + 1).to(tl.uint64) * 0x9E3779B97F4A7C15 + key.to(tl.uint64)  # ops/noise.py's splitmix64
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+        z = z ^ (z >> 31)
+        u = (z >> 40).to(tl.float32) * (2.0 ** -24)
+        q = tl.minimum(tl.maximum(tl.floor(q + u), -top), top)
+    else:
+        q = rne(q)
+    if BITS == 8:  # two's complement bytes
+        tl.store(codes_ptr + row * LAST + col, q.to(tl.int8), mask=valid)
+    else:  # 8 codes -> BITS bytes of one little-endian word, first code in the lowest bits
+        c = tl.reshape((q + top).to(tl.uint64), (P * N // 8, 8))  # (words, 8)
+        word = tl.sum(c << (tl.arange(0, 8) * BITS).to(tl.uint64)[None, :], axis=1)  # (words,)
+        j = tl.arange(0, 8)[None, :]
+        byte = ((word[:, None] >> (8 * j).to(tl.uint64)) & 0xFF).to(tl.uint8)  # (words, 8)
+        w = tl.arange(0, P * N // 8)[:, None]
+        tl.store(codes_ptr + row * (LAST * BITS // 8) + w * BITS + j, byte, mask=(j < BITS) & (w < LAST // 8))
+
+
+@triton.jit
+def decode(codes_ptr, scale_ptr, d_ptr, out_ptr, LAST: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
+           BITS: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, LOGN: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N)
+    valid = col < LAST
+    top: tl.constexpr = 2 ** (BITS - 1) - 1
+    if BITS == 8:
+        q = tl.load(codes_ptr + row * LAST + col, mask=valid, other=0).to(tl.float32)  # (P, N)
+    else:
+        j = tl.arange(0, 8)[None, :]
+        w = tl.arange(0, P * N // 8)[:, None]
+        byte = tl.load(codes_ptr + row * (LAST * BITS // 8) + w * BITS + j, mask=(j < BITS) & (w < LAST // 8),
+                       other=0)  # (words, 8)
+        word = tl.sum(byte.to(tl.uint64) << (8 * j).to(tl.uint64), axis=1)  # (words,)
+        c = (word[:, None] >> (j * BITS).to(tl.uint64)) & ((1 << BITS) - 1)  # (words, 8)
+        q = tl.reshape(c.to(tl.float32), (P, N)) - top
+    y = q * tl.load(scale_ptr + row).to(tl.float32)
+    if ROT:
+        y = butterfly(y * INV, P, N, LOGN)
+        y = y * tl.load(d_ptr + col, mask=valid, other=0.0)
+    tl.store(out_ptr + row * LAST + col, cast(y, out_ptr.dtype.element_ty), mask=valid)

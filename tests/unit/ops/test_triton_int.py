@@ -1,0 +1,84 @@
+"""The Triton kernels (ops/triton_int.py) give the eager reference's codes, scales and reconstructions bitwise, run by
+Triton's interpreter on CPU tensors (on a GPU the same checks run compiled: tests/unit/ops/test_cuda.py)."""
+import os
+import sys
+
+import pytest
+import torch
+
+if "pp_compress.ops._triton_int_kernels" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("the kernels were compiled for a device in this process; the interpreter cannot take them over",
+                allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are defined: before their module is imported
+
+import pp_compress as ppc  # noqa: E402
+from pp_compress.ops import triton_int  # noqa: E402
+from pp_compress.ops.base import layout_nbytes  # noqa: E402
+
+SPECS = ["int8", "int8:rot", "int8:stoch", "int4", "int4:rot", "int3:rot:stoch", "int2:stoch", "int5:rot",
+         "int6", "int7:rot=16", "int8:rot=2", "int8:scale=fp16", "int4:scale=fp32:rot"]
+SHAPES = [(2, 3, 576), (4, 512), (3, 40), (1, 24)]
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    """The operators take the device path for CPU tensors, where the interpreter runs the kernels."""
+    monkeypatch.setattr(triton_int, "usable", lambda like, last, bits, rot: like.numel() > 0
+                        and triton_int.supports(last, bits, rot))
+
+
+def sample(shape, dtype, seed=0):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 3  # shape
+    x[..., 0, 5 % shape[-1]] = 40.0  # an outlier channel in the first row
+    x[..., -1, :] = 0.0  # an all-zero row: scale 0, codes 0
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_device_kernels_are_the_eager_reference_bitwise(spec, dtype, interpreted):
+    eager = ppc.build(f"{spec}:kernel=eager")
+    op = ppc.build(spec)
+    checked = 0
+    for shape in SHAPES:
+        if op.config.rot not in ("off", "auto") and shape[-1] % int(op.config.rot):
+            continue
+        n = op.config.rot_block(shape, "test")
+        if not triton_int.supports(shape[-1], op.config.bits, n):
+            continue
+        x, ctx = sample(shape, dtype), ppc.Context(step=3, micro_batch=1)
+        want, got = eager.compress(x, ctx), op.compress(x, ctx)
+        assert [t.dtype for t in got.tensors] == [t.dtype for t in want.tensors]
+        assert got.nbytes == layout_nbytes(op.layout(shape, dtype, ctx))
+        assert all(torch.equal(a, b) for a, b in zip(got.tensors, want.tensors)), (spec, shape)
+        y = op.decompress(got, ctx)
+        assert y.dtype == dtype and torch.equal(y, eager.decompress(want, ctx)), (spec, shape)
+        checked += 1
+    assert checked >= 2  # every spec meets at least two of the shapes
+
+
+def test_which_rows_the_kernels_take():
+    assert triton_int.supports(576, 8, 64) and triton_int.supports(576, 4, 0) and triton_int.supports(37, 8, 0)
+    assert not triton_int.supports(36, 4, 0)  # 36 codes of 4 bits: rows are not whole words of 8 codes
+    assert not triton_int.supports(64, 4, 4)  # tile columns of 4: not whole words
+    assert not triton_int.supports(64, 1, 0)  # int1 scales by the mean: the reference runs
+    assert not triton_int.supports(triton_int.MAX_TILE * 2, 8, 0) and not triton_int.supports(0, 8, 0)
+    assert triton_int.tile(576, 64) == (16, 64) and triton_int.tile(2048, 0) == (8, 256) and triton_int.tile(37, 0) == (64, 1)
+
+
+def test_a_non_finite_row_gets_a_non_finite_scale(interpreted):
+    x = sample((4, 64), torch.float32)
+    x[1, 3] = float("nan")
+    x[2, 7] = float("inf")
+    codes, scale = triton_int.sym_encode(x, 8, torch.bfloat16, 64, torch.ones(64), None)
+    assert torch.isfinite(scale).tolist() == [True, False, False, True]
+
+
+def test_a_non_finite_input_is_reported_like_the_reference(interpreted):
+    x = sample((4, 64), torch.float32)
+    x[1, 3] = float("inf")
+    with pytest.raises(FloatingPointError) as want:
+        ppc.build("int8:rot:kernel=eager").compress(x, ppc.Context())
+    with pytest.raises(FloatingPointError) as got:
+        ppc.build("int8:rot").compress(x, ppc.Context())
+    assert str(got.value) == str(want.value)
