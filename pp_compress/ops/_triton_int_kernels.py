@@ -8,9 +8,8 @@ import triton.language as tl
 def butterfly(y, P: tl.constexpr, N: tl.constexpr, LOGN: tl.constexpr):
     """The Walsh-Hadamard butterfly over each row of y (P, N), N = 2**LOGN: LOGN add/subtract levels, lowest
     index bit first (the eager reference's order)."""
-    for level in tl.static_range(LOGN):
-        h: tl.constexpr = 1 << level
-        v = tl.permute(tl.reshape(y, (P, N // (2 * h), 2, h)), (0, 1, 3, 2))  # (P, pairs, h, 2)
+    for level in tl.static_range(LOGN):  # half-blocks of h = 2**level values
+        v = tl.permute(tl.reshape(y, (P, N >> (level + 1), 2, 1 << level)), (0, 1, 3, 2))  # (P, pairs, h, 2)
         a, b = tl.split(v)  # (P, pairs, h) each
         y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (P, N))
     return y
@@ -29,36 +28,59 @@ def cast(y, dtype: tl.constexpr):
 
 
 @triton.jit
+def splitmix(i, key):
+    """ops/noise.py's counter-based stream: splitmix64(key + (i + 1) * GAMMA), uint64, for int positions i."""
+    z = (i + 1).to(tl.uint64) * 0x9E3779B97F4A7C15 + key.to(tl.uint64)
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    return z ^ (z >> 31)
+
+
+@triton.jit
+def rot_signs(col, rkey):
+    """ops/noise.py's signs: +1 where the stream's top bit is set, else -1, at row positions col."""
+    return (splitmix(col, rkey) >> 63).to(tl.float32) * 2.0 - 1.0
+
+
+@triton.jit
+def any_nonfinite(y):
+    """Whether fp32 y (P, N) holds a NaN or an Inf: an all-ones exponent, read off the bits (comparisons of floats
+    could be folded away under assumptions of finite math)."""
+    bits = y.to(tl.uint32, bitcast=True)
+    return tl.max(tl.max(((bits & 0x7F800000) == 0x7F800000).to(tl.int32), axis=1), axis=0) > 0
+
+
+@triton.jit
 def rne(q):
     """Round fp32 |q| < 2**22 to the nearest integer, ties to even (torch.round), with IEEE adds."""
     return (q + 12582912.0) - 12582912.0
 
 
-@triton.jit(do_not_specialize=["key"])  # a key that happens to be 1 must not become a constant
-def encode(x_ptr, d_ptr, codes_ptr, scale_ptr, key, LAST: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
+@triton.jit(do_not_specialize=["rkey", "key"])  # a key that happens to be 1 must not become a constant
+def encode(x_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, LAST: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
            BITS: tl.constexpr, ROT: tl.constexpr, STOCH: tl.constexpr, BUMP: tl.constexpr,
-           INV: tl.constexpr, LOGN: tl.constexpr):
+           INV: tl.constexpr, LOGN: tl.constexpr, FLAG: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N) positions in the row
-    valid = col < LAST
+    valid = tl.broadcast_to((tl.arange(0, P) < LAST // N)[:, None], (P, N))  # whole tile rows: vector accesses
     y = tl.load(x_ptr + row * LAST + col, mask=valid, other=0.0).to(tl.float32)  # (P, N)
     if ROT:
         y = y * INV
-        y = y * tl.load(d_ptr + col, mask=valid, other=0.0)
+        y = y * rot_signs(col, rkey)
         y = butterfly(y, P, N, LOGN)
     top: tl.constexpr = 2 ** (BITS - 1) - 1
     topf: tl.constexpr = 2.0 ** (BITS - 1) - 1.0
-    absmax = tl.max(tl.max(tl.abs(y), axis=1), axis=0) + tl.sum(tl.sum(y * 0.0, axis=1), axis=0)  # NaN if any
+    absmax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)  # the device's max drops NaNs: they are looked for apart
+    bad = any_nonfinite(y)
+    absmax = tl.where(bad, float("nan"), absmax)  # a NaN scale, as the reference's
+    if FLAG:  # flag = 1 where any input is NaN/Inf: the encoder's own input check
+        tl.atomic_max(flag_ptr, 1, mask=bad)
     scale = cast(tl.math.div_rn(absmax, topf) * (1.0 + BUMP), scale_ptr.dtype.element_ty)
     tl.store(scale_ptr + row, scale)
     s = scale.to(tl.float32)
     q = tl.math.div_rn(y, tl.where(s > 0, s, 1.0))  # (P, N)
     if STOCH:
-        z = (row * LAST + col + 1).to(tl.uint64) * 0x9E3779B97F4A7C15 + key.to(tl.uint64)  # ops/noise.py's splitmix64
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-        z = z ^ (z >> 31)
-        u = (z >> 40).to(tl.float32) * (2.0 ** -24)
+        u = (splitmix(row * LAST + col, key) >> 40).to(tl.float32) * (2.0 ** -24)  # ops/noise.py's uniform
         q = tl.minimum(tl.maximum(tl.floor(q + u), -top), top)
     else:
         q = rne(q)
@@ -73,12 +95,12 @@ def encode(x_ptr, d_ptr, codes_ptr, scale_ptr, key, LAST: tl.constexpr, P: tl.co
         tl.store(codes_ptr + row * (LAST * BITS // 8) + w * BITS + j, byte, mask=(j < BITS) & (w < LAST // 8))
 
 
-@triton.jit
-def decode(codes_ptr, scale_ptr, d_ptr, out_ptr, LAST: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
-           BITS: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, LOGN: tl.constexpr):
+@triton.jit(do_not_specialize=["rkey"])
+def decode(codes_ptr, scale_ptr, out_ptr, flag_ptr, rkey, LAST: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
+           BITS: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, LOGN: tl.constexpr, FLAG: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N)
-    valid = col < LAST
+    valid = tl.broadcast_to((tl.arange(0, P) < LAST // N)[:, None], (P, N))  # whole tile rows: vector accesses
     top: tl.constexpr = 2 ** (BITS - 1) - 1
     if BITS == 8:
         q = tl.load(codes_ptr + row * LAST + col, mask=valid, other=0).to(tl.float32)  # (P, N)
@@ -93,5 +115,8 @@ def decode(codes_ptr, scale_ptr, d_ptr, out_ptr, LAST: tl.constexpr, P: tl.const
     y = q * tl.load(scale_ptr + row).to(tl.float32)
     if ROT:
         y = butterfly(y * INV, P, N, LOGN)
-        y = y * tl.load(d_ptr + col, mask=valid, other=0.0)
-    tl.store(out_ptr + row * LAST + col, cast(y, out_ptr.dtype.element_ty), mask=valid)
+        y = y * rot_signs(col, rkey)
+    out = cast(y, out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * LAST + col, out, mask=valid)
+    if FLAG:  # flag = 1 where any output is NaN/Inf (in the output's dtype): the decode's own finiteness check
+        tl.atomic_max(flag_ptr, 1, mask=any_nonfinite(tl.where(valid, out.to(tl.float32), 0.0)))

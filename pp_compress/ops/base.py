@@ -57,8 +57,10 @@ class Deferred:
     the boundary and the step; they are raised there rather than inside the message."""
 
     def __init__(self) -> None:
-        self._flags: list[Tensor] = []
+        self._flags: list[Tensor] = []  # bool verdicts, True when fine
         self._errors: list[tuple[type[Exception], Callable[[], str]]] = []
+        self._zeros: list[Tensor] = []  # int32 flags, 0 when fine (kernels' own checks: no kernel to compare them)
+        self._zero_errors: list[tuple[type[Exception], Callable[[], str]]] = []
         self._inflight: list[tuple[Tensor, Any, list[tuple[type[Exception], Callable[[], str]]]]] = []
 
     def expect(self, ok: Tensor, error: type[Exception], message: Callable[[], str]) -> None:
@@ -67,8 +69,13 @@ class Deferred:
         self._flags.append(ok.reshape(()))
         self._errors.append((error, message))
 
+    def expect_zero(self, flag: Tensor, error: type[Exception], message: Callable[[], str]) -> None:
+        """Record a one-element int32 flag, 0 when fine, and the error to raise if it is not."""
+        self._zeros.append(flag.reshape(()))
+        self._zero_errors.append((error, message))
+
     def __len__(self) -> int:
-        return len(self._flags) + sum(len(errors) for _, _, errors in self._inflight)
+        return len(self._flags) + len(self._zeros) + sum(len(errors) for _, _, errors in self._inflight)
 
     def raise_pending(self) -> None:
         """Read every recorded verdict (one host synchronization for all of them) and raise the first that failed."""
@@ -88,6 +95,10 @@ class Deferred:
             self._raise_first(host, errors)
 
     def _send(self) -> None:
+        if self._zeros:  # as verdicts: one comparison for all of them
+            self._flags += list(torch.stack(self._zeros).eq(0).unbind())
+            self._errors += self._zero_errors
+            self._zeros, self._zero_errors = [], []
         if not self._flags:
             return
         flags, errors = torch.stack(self._flags), self._errors  # (n,) bool, on the device of the checks
@@ -107,6 +118,14 @@ class Deferred:
         if bad:
             error, message = errors[bad[0]]
             raise error(message())
+
+
+def expect_zero(flag: Tensor, ctx: "Context", error: type[Exception], message: Callable[[], str]) -> None:
+    """Raise error(message()) if the one-element int32 `flag` (a kernel's) is not 0: now, or under `ctx.deferred`."""
+    if ctx.deferred is not None:
+        ctx.deferred.expect_zero(flag, error, message)
+    elif int(flag):
+        raise error(message())
 
 
 def expect_finite(t: Tensor, ctx: "Context", error: type[Exception], message: Callable[[], str],
@@ -264,7 +283,7 @@ class Compressor(abc.ABC):
     # --- public API -------------------------------------------------------------------------
     def compress(self, x: Tensor, ctx: Context | None = None) -> Payload:
         ctx = ctx or Context()
-        check_input(x, ctx, self.nonfinite)
+        check_input(x, ctx, self.nonfinite, scan=not (self.nonfinite == "raise" and self.screens_input(x)))
         bd = self._batch_dim(tuple(x.shape), ctx)
         if not bd:
             return self.encode(x, ctx)
@@ -277,14 +296,27 @@ class Compressor(abc.ABC):
         FloatingPointError naming the boundary, never a silent inf."""
         ctx = ctx or Context()
         out = self._batch_first(self.decode, payload, ctx)
-        if self.nonfinite == "raise":
-            spec, dtype = self.spec, payload.dtype
-            expect_finite(out, ctx, FloatingPointError, lambda: (
-                f"{ctx.name}: {spec} decoded finite input to NaN/Inf at step {ctx.step}: the message is corrupt, or the "
-                f"reconstruction does not fit {dtype} (largest finite {torch.finfo(dtype).max:.4g}; then send this "
-                "tensor in a wider dtype or use an operator whose output stays within the input's range)"),
-                lambda: f"; {int((~torch.isfinite(out)).sum())} of them")
+        if self.nonfinite == "raise" and not self.screens_output(payload):
+            expect_finite(out, ctx, FloatingPointError, self.output_message(ctx, payload.dtype),
+                          lambda: f"; {int((~torch.isfinite(out)).sum())} of them")
         return out
+
+    def output_message(self, ctx: Context, dtype: torch.dtype) -> Callable[[], str]:
+        """The error of a decoded NaN/Inf under nonfinite="raise" (the sender's input was finite)."""
+        return lambda: (
+            f"{ctx.name}: {self.spec} decoded finite input to NaN/Inf at step {ctx.step}: the message is corrupt, or the "
+            f"reconstruction does not fit {dtype} (largest finite {torch.finfo(dtype).max:.4g}; then send this "
+            "tensor in a wider dtype or use an operator whose output stays within the input's range)")
+
+    def screens_input(self, x: Tensor) -> bool:
+        """Whether `_encode` reports NaN/Inf in x itself (with check_input's error, from what its own pass over x
+        computes), so that `compress` need not read x once more for it. Device kernels do."""
+        return False
+
+    def screens_output(self, payload: Payload) -> bool:
+        """Whether `_decode` checks its output's finiteness itself (with `output_message`, under nonfinite="raise"),
+        so that `decompress` need not read the output once more for it."""
+        return False
 
     def roundtrip(self, x: Tensor, ctx: Context | None = None) -> tuple[Tensor, Payload]:
         """compress + decompress in one process (what a sender/receiver pair does over the wire)."""
@@ -381,8 +413,9 @@ def _front(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
     return (shape[dim],) + shape[:dim] + shape[dim + 1:]
 
 
-def check_input(x: Tensor, ctx: Context, nonfinite: str) -> None:
-    """TypeError for non-float input; FloatingPointError for NaN/Inf unless nonfinite == "allow"."""
+def check_input(x: Tensor, ctx: Context, nonfinite: str, scan: bool = True) -> None:
+    """TypeError for non-float input; FloatingPointError for NaN/Inf unless nonfinite == "allow" (or not `scan`: the
+    operator reports them itself, `Compressor.screens_input`)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{ctx.name}: expected a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
@@ -390,10 +423,15 @@ def check_input(x: Tensor, ctx: Context, nonfinite: str) -> None:
             f"{ctx.name}: only floating-point tensors are compressed, got {x.dtype} "
             f"(accepted: {', '.join(str(d) for d in FLOAT_DTYPES)}); pass other tensors through untouched"
         )
-    if nonfinite == "raise":
-        expect_finite(x, ctx, FloatingPointError, lambda: (
-            f"{ctx.name}: input has NaN/Inf values at step {ctx.step}; refusing to compress (set nonfinite='allow' "
-            "to send them through operators that preserve them)"), lambda: f"; {int((~torch.isfinite(x)).sum())} of them")
+    if nonfinite == "raise" and scan:
+        expect_finite(x, ctx, FloatingPointError, input_message(ctx),
+                      lambda: f"; {int((~torch.isfinite(x)).sum())} of them")
+
+
+def input_message(ctx: Context) -> Callable[[], str]:
+    """The error of NaN/Inf input under nonfinite="raise"."""
+    return lambda: (f"{ctx.name}: input has NaN/Inf values at step {ctx.step}; refusing to compress (set "
+                    "nonfinite='allow' to send them through operators that preserve them)")
 
 
 def saturate(x: Tensor, dtype: torch.dtype) -> tuple[Tensor, int]:

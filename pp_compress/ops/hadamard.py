@@ -1,9 +1,9 @@
 """Randomized Hadamard rotation over blocks of the last dim (QuaRot / TAH-Quant style).
 
-`rotate(x, n, gen)` multiplies the last dim by random signs D (one per position, drawn from `gen`) and applies
+`rotate(x, n, key)` multiplies the last dim by random signs D (one per position, counter-based from `key`) and applies
 the orthonormal Walsh-Hadamard transform H_n to each block of n consecutive positions: y = H_n D x. Both factors
-are orthogonal and H_n is symmetric, so `unrotate(y, n, gen)` = D H_n y is the exact inverse, and a sender and a
-receiver that derive `gen` from the same Context agree on D without sending it.
+are orthogonal and H_n is symmetric, so `unrotate(y, n, key)` = D H_n y is the exact inverse, and a sender and a
+receiver that derive `key` from the same Context agree on D without sending it, on any device.
 
 Why: an outlier channel holds most of a row's absmax, so a low-bit grid scaled to it rounds every other value to
 a few levels. After the rotation each block's energy is spread over all n outputs, so the absmax falls towards
@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from . import fused as kernels
+from . import noise
 
 MAX_AUTO_BLOCK = 256
 """`rot` (auto) uses the largest power of two up to this that divides the last dim."""
@@ -126,17 +127,18 @@ def fwht_gemm(x: Tensor, n: int, d: Tensor | None = None, after: bool = False,
     return y.to(dtype).view(x.shape)
 
 
-def signs(last: int, gen: torch.Generator, device: torch.device) -> Tensor:
-    """Random +-1 (fp32) for each position of the last dim, from `gen`."""
-    return torch.randint(0, 2, (last,), generator=gen, device=device).mul_(2).sub_(1).float()  # (last,)
+def signs(last: int, key: int, device: torch.device) -> Tensor:
+    """Random +-1 (fp32) for each position of the last dim, counter-based from `key` (ops/noise.py): the same on
+    every device, and a device kernel computes them where it uses them."""
+    return noise.signs(last, key, device)  # (last,)
 
 
-def rotate(x: Tensor, n: int, gen: torch.Generator, fused: bool = True) -> Tensor:
+def rotate(x: Tensor, n: int, key: int, fused: bool = True) -> Tensor:
     """H_n D x over blocks of n of the last dim, in fp32 (never modifies x); `fused`: the CPU kernel where built."""
-    return fwht(x, n, signs(x.shape[-1], gen, x.device), fused=fused)  # x.shape, fp32
+    return fwht(x, n, signs(x.shape[-1], key, x.device), fused=fused)  # x.shape, fp32
 
 
-def unrotate(y: Tensor, n: int, gen: torch.Generator, dtype: torch.dtype = torch.float32, fused: bool = True) -> Tensor:
-    """Inverse of `rotate` with a generator in the same state: D H_n y, in `dtype` (H_n is symmetric and
-    orthonormal: its own inverse)."""
-    return fwht(y, n, signs(y.shape[-1], gen, y.device), after=True, dtype=dtype, fused=fused)  # y.shape
+def unrotate(y: Tensor, n: int, key: int, dtype: torch.dtype = torch.float32, fused: bool = True) -> Tensor:
+    """Inverse of `rotate` with the same key: D H_n y, in `dtype` (H_n is symmetric and orthonormal: its own
+    inverse)."""
+    return fwht(y, n, signs(y.shape[-1], key, y.device), after=True, dtype=dtype, fused=fused)  # y.shape

@@ -70,7 +70,7 @@ def split(x: Tensor, dm: Dims, size: int, rot: bool, ctx: Context, salt: str, fu
     vals = x.reshape(rows, d).gather(1, pos)  # (rows, k), exact, in x.dtype
     flat.scatter_(1, pos, 0.0)
     if rot:
-        flat = hadamard.rotate(flat, size, ctx.generator(x.device, salt), fused)  # (rows, d padded)
+        flat = hadamard.rotate(flat, size, ctx.noise_key(salt), fused)  # (rows, d padded)
     return flat.reshape(tiles, size), [vals.reshape(-1), pos.to(torch.int16).reshape(-1)]
 
 
@@ -80,7 +80,7 @@ def merge(t: Tensor, pivots: list[Tensor], dm: Dims, shape: tuple[int, ...], dty
     rows, d, _, k = dm
     flat = t.reshape(rows, -1)  # (rows, d padded)
     if rot:
-        flat = hadamard.unrotate(flat, t.shape[1], ctx.generator(t.device, salt), fused=fused)  # fp32
+        flat = hadamard.unrotate(flat, t.shape[1], ctx.noise_key(salt), fused=fused)  # fp32
     flat = flat[:, :d].contiguous()  # (rows, d)
     vals, pos = pivots
     flat.scatter_(1, pos.long().reshape(rows, k), vals.float().reshape(rows, k))

@@ -6,12 +6,13 @@ the code is the sign and the scale is mean|x| (or absmax with stochastic roundin
 unbiased). Asymmetric (`asym`): 2**b levels from the group's min (zero point) to its max.
 Stochastic rounding (`stoch`) draws counter-based uniforms from the context (`ctx.uniform`) and is unbiased.
 Rotation (`rot`): a randomized Hadamard transform over blocks of the last dim before quantizing and its inverse
-after (ops/hadamard.py); the signs come from the context's generator, so the wire is the same as without it.
+after (ops/hadamard.py); the signs are counter-based from the context (the same on every device), so the wire is the same as without it.
 It is linear, so stochastic rounding stays unbiased through it.
 Wire: ceil(n * b / 8) bytes of codes + one scale per group (+ one zero point if asym).
 """
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ from torch import Tensor
 
 from . import fused, hadamard, triton_int
 from .bits import pack_bits, packed_nbytes, unpack_bits
-from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite
+from .base import (Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite, expect_zero,
+                   input_message)
 from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, check_kernel, check_per, check_scale, from_groups, group_dims,
                      round_down, round_scale, safe_scale, to_groups)
 
@@ -84,11 +86,7 @@ class IntQuantConfig(OpConfig):
 
     def rot_block(self, shape: tuple[int, ...], where: str) -> int:
         """Hadamard block size for a tensor of `shape` (0 = no rotation); ValueError where it cannot apply."""
-        if self.rot == "off":
-            return 0
-        n = hadamard.auto_block(shape[-1] if shape else 1) if self.rot == "auto" else int(self.rot)
-        hadamard.check_block(n, tuple(shape), f"{where}: int{self.bits}:rot={self.rot}")
-        return n
+        return 0 if self.rot == "off" else _rot_block(self.rot, self.bits, tuple(shape), where)
 
     @classmethod
     def from_name(cls, name: str) -> dict[str, Any] | None:
@@ -105,6 +103,13 @@ class IntQuantConfig(OpConfig):
 
     def build(self) -> "IntQuant":
         return IntQuant(self)
+
+
+@functools.lru_cache(maxsize=1024)  # asked several times per message, for a handful of shapes
+def _rot_block(rot: str, bits: int, shape: tuple[int, ...], where: str) -> int:
+    n = hadamard.auto_block(shape[-1] if shape else 1) if rot == "auto" else int(rot)
+    hadamard.check_block(n, shape, f"{where}: int{bits}:rot={rot}")
+    return n
 
 
 class IntQuant(Compressor):
@@ -126,18 +131,23 @@ class IntQuant(Compressor):
     def _encode(self, x: Tensor, ctx: Context) -> Payload:
         c = self.config
         n = c.rot_block(tuple(x.shape), ctx.name)
-        size = self._fused_rot_size(tuple(x.shape), x, n)
-        if self._on_device(x, x.shape[-1], n):  # one kernel: [rotation], scales, rounding, packing
-            d = hadamard.signs(x.shape[-1], ctx.generator(x.device, "rot"), x.device) if n else None  # (last,)
+        on_device = self._on_device(x, x.shape[-1], n)
+        size = 0 if on_device else self._fused_rot_size(tuple(x.shape), x, n)
+        if on_device:  # one kernel: [rotation], scales, rounding, packing
             key = ctx.noise_key("int") if c.stoch else None
-            p = Payload(triton_int.sym_encode(x, c.bits, SCALE_DTYPES[c.scale], n, d, key), x.shape, x.dtype)
+            codes, scale, flag = triton_int.sym_encode(x, c.bits, SCALE_DTYPES[c.scale], n, ctx.noise_key("rot"), key,
+                                                       check=self.screens_input(x))
+            if flag is not None:  # the kernel looked for NaN/Inf in x; scales in bf16 or fp32 cannot overflow
+                expect_zero(flag, ctx, FloatingPointError, input_message(ctx))
+                return Payload((codes, scale), x.shape, x.dtype)
+            p = Payload((codes, scale), x.shape, x.dtype)
         elif size:  # one pass: each unit rotated in cache and quantized from there (the same codes as below)
-            d = hadamard.signs(x.shape[-1], ctx.generator(x.device, "rot"), x.device)  # (last,)
+            d = hadamard.signs(x.shape[-1], ctx.noise_key("rot"), x.device)  # (last,)
             key = ctx.noise_key("int") if c.stoch else None
             codes, scale = fused.kernels().rot_sym_encode(x.contiguous(), d, n, size, c.bits, SCALE_CODES[c.scale], key)
             p = Payload((codes, scale.to(SCALE_DTYPES[c.scale])), x.shape, x.dtype)
         elif n:
-            y = hadamard.rotate(x, n, ctx.generator(x.device, "rot"), c.kernel == "fused")  # x.shape, fp32, a fresh tensor
+            y = hadamard.rotate(x, n, ctx.noise_key("rot"), c.kernel == "fused")  # x.shape, fp32, a fresh tensor
             p = Payload(self._quantize(y, ctx).tensors, x.shape, x.dtype)
         else:
             p = self._quantize(x, ctx)
@@ -154,17 +164,34 @@ class IntQuant(Compressor):
         n = c.rot_block(shape, ctx.name)
         codes = payload.tensors[0]
         if self._on_device(codes, shape[-1] if shape else 1, n):
-            d = hadamard.signs(shape[-1], ctx.generator(codes.device, "rot"), codes.device) if n else None  # (last,)
-            return triton_int.sym_decode(codes, payload.tensors[1], shape, payload.dtype, c.bits, n, d)
+            out, flag = triton_int.sym_decode(codes, payload.tensors[1], shape, payload.dtype, c.bits, n,
+                                              ctx.noise_key("rot"), check=self.nonfinite == "raise")
+            if flag is not None:
+                expect_zero(flag, ctx, FloatingPointError, self.output_message(ctx, payload.dtype))
+            return out
         if not n:
             return self._dequantize(payload)
         if size := self._fused_rot_size(shape, payload.tensors[0], n):
-            d = hadamard.signs(shape[-1], ctx.generator(payload.tensors[0].device, "rot"), payload.tensors[0].device)
+            d = hadamard.signs(shape[-1], ctx.noise_key("rot"), payload.tensors[0].device)
             like = payload.tensors[0].new_empty(0, dtype=payload.dtype)
             return fused.kernels().rot_sym_decode(payload.tensors[0], payload.tensors[1].float(), d, n, c.bits, size,
                                                   like).reshape(shape)
         y = self._dequantize(Payload(payload.tensors, payload.shape, torch.float32))  # rotated values, fp32
-        return hadamard.unrotate(y, n, ctx.generator(y.device, "rot"), payload.dtype, self.config.kernel == "fused")
+        return hadamard.unrotate(y, n, ctx.noise_key("rot"), payload.dtype, self.config.kernel == "fused")
+
+    def screens_input(self, x: Tensor) -> bool:
+        return self.config.scale != "fp16" and self._on_device(x, x.shape[-1] if x.dim() else 1, self._rot(x.shape))
+
+    def screens_output(self, payload: Payload) -> bool:
+        shape = tuple(payload.shape)
+        return bool(payload.tensors) and self._on_device(payload.tensors[0], shape[-1] if shape else 1, self._rot(shape))
+
+    def _rot(self, shape: tuple[int, ...]) -> int:
+        """The rotation block for `shape`, 0 where none fits (the operator's own call then names the error)."""
+        try:
+            return self.config.rot_block(tuple(shape), "")
+        except ValueError:
+            return 0
 
     def _on_device(self, like: Tensor, last: int, n: int) -> bool:
         """Whether the device kernels (ops/triton_int.py) encode and decode this tensor: symmetric per-row codes."""

@@ -8,9 +8,12 @@ rotation, the largest power of two up to 256 that divides the row) and P the nex
 - decode: read codes and scale once, unpack, multiply, [x / sqrt(N), butterfly, * signs], write in the output dtype.
 
 The operations are the eager reference's (ops/quant.py, ops/hadamard.py's butterfly, lowest bit first), in the same
-order and with the same IEEE roundings (division `div_rn`, no fused multiply-adds), so codes, scales and outputs are
-the reference's bitwise. A row holding NaN/Inf gets a non-finite scale, as the reference's, which the operator's
-(deferred) check reports.
+order and with the same IEEE roundings (division `div_rn`; `enable_fp_fusion=False`, since a multiply-add contracted
+into one rounding would differ), so codes, scales and outputs are the reference's bitwise.
+
+The finiteness checks ride along: a row holding NaN/Inf gets a non-finite scale (so the encoder's input check reads
+the scales, not x again), and the decoder raises a flag where an output is not finite in its dtype (so the receiver's
+check reads one number, not the output again).
 
 `TRITON_INTERPRET=1` (set before this module is imported) runs the kernels on CPU tensors: the test suite checks them
 there against the eager reference. The operators call them on CUDA tensors only (`usable`).
@@ -76,31 +79,35 @@ def _kernels() -> ModuleType:
     return _triton_int_kernels
 
 
-def sym_encode(x: Tensor, bits: int, scale_dtype: torch.dtype, rot: int = 0, signs: Tensor | None = None,
-               key: int | None = None) -> tuple[Tensor, Tensor]:
+def sym_encode(x: Tensor, bits: int, scale_dtype: torch.dtype, rot: int = 0, rot_key: int = 0,
+               key: int | None = None, check: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
     """Codes (ceil(numel * bits / 8),) uint8 and one scale per row (rows,) in `scale_dtype` of x (..., last), as
-    ops/quant.py's per-row reference; `rot` the Hadamard block with its `signs` (last,) fp32, `key` the stochastic
-    rounding's noise key (None: round to nearest)."""
+    ops/quant.py's per-row reference; `rot` the Hadamard block and `rot_key` its signs' key (ops/hadamard.py), `key`
+    the stochastic rounding's noise key (None: round to nearest). With `check`, also a one-element int32 flag, 0 when
+    every value of x is finite (checked in the same pass)."""
     last = x.shape[-1]
     rows = x.numel() // last
     p, n = tile(last, rot)
     x = x.contiguous()
     codes = torch.empty(x.numel() * bits // 8, dtype=torch.int8 if bits == 8 else torch.uint8, device=x.device)
     scale = torch.empty(rows, dtype=scale_dtype, device=x.device)  # (rows,)
-    _kernels().encode[(rows,)](x, signs if rot else x, codes, scale, key or 0, last, p, n, bits, bool(rot),
-                               key is not None, ROUND_UP[scale_dtype], 1 / math.sqrt(n), n.bit_length() - 1,
-                               num_warps=_warps(p, n))
-    return codes.view(torch.uint8), scale
+    flag = torch.zeros(1, dtype=torch.int32, device=x.device) if check else None
+    _kernels().encode[(rows,)](x, codes, scale, flag if check else scale, rot_key, key or 0, last, p, n, bits,
+                               bool(rot), key is not None, ROUND_UP[scale_dtype], 1 / math.sqrt(n),
+                               n.bit_length() - 1, check, num_warps=_warps(p, n), enable_fp_fusion=False)
+    return codes.view(torch.uint8), scale, flag
 
 
 def sym_decode(codes: Tensor, scale: Tensor, shape: tuple[int, ...], dtype: torch.dtype, bits: int, rot: int = 0,
-               signs: Tensor | None = None) -> Tensor:
-    """Inverse of sym_encode: the tensor of `shape` in `dtype` from codes and per-row scales."""
+               rot_key: int = 0, check: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Inverse of sym_encode: the tensor of `shape` in `dtype` from codes and per-row scales; with `check`, also a
+    one-element int32 flag, 0 when every output value is finite (checked in the same pass)."""
     last = shape[-1]
     out = torch.empty(shape, dtype=dtype, device=codes.device)
+    flag = torch.zeros(1, dtype=torch.int32, device=codes.device) if check else None
     rows = out.numel() // last
     p, n = tile(last, rot)
-    _kernels().decode[(rows,)](codes.view(torch.int8) if bits == 8 else codes, scale, signs if rot else out, out,
-                               last, p, n, bits, bool(rot), 1 / math.sqrt(n), n.bit_length() - 1,
-                               num_warps=_warps(p, n))
-    return out
+    _kernels().decode[(rows,)](codes.view(torch.int8) if bits == 8 else codes, scale, out, flag if check else out,
+                               rot_key, last, p, n, bits, bool(rot), 1 / math.sqrt(n), n.bit_length() - 1, check,
+                               num_warps=_warps(p, n), enable_fp_fusion=False)
+    return out, flag

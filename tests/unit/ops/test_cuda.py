@@ -52,13 +52,18 @@ def test_vq_pruned_search_on_cuda_is_the_exhaustive_one():
 def test_the_rotation_by_matrix_product_on_cuda_is_the_butterfly(n):
     from pp_compress.ops import hadamard
     x = torch.randn(64, 4 * n, generator=torch.Generator().manual_seed(n)).cuda()  # (rows, last)
-    d = hadamard.signs(4 * n, torch.Generator().manual_seed(1), torch.device("cpu")).cuda()  # (last,)
+    d = hadamard.signs(4 * n, 1, torch.device("cuda"))  # (last,)
     for after in (False, True):
         a, b = hadamard.fwht(x, n, d, after, fused=True), hadamard.fwht(x, n, d, after, fused=False)
         assert a.is_cuda and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["int8", "safe", "aggressive", "int4:rot", "nf6", "int3:stoch"])
+VQ_SYNC = pytest.mark.xfail(strict=True, reason="vq's pruned search asks whether any vector lies beyond its grid: one "
+                            "host synchronization per vq message (issue 43, open)")
+
+
+@pytest.mark.parametrize("spec", ["int8", "safe", pytest.param("aggressive", marks=VQ_SYNC), "int4:rot", "nf6",
+                                  "int3:stoch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_deferred_message_never_waits_for_the_device(spec, dtype):
     """With the non-finite checks deferred (what every engine does on a GPU), compress + decompress of a preset makes
@@ -102,11 +107,11 @@ def test_the_triton_kernels_are_the_eager_reference_on_cuda(spec, dtype, shape):
 
 
 def test_the_triton_kernels_take_fp16_and_report_non_finite_rows():
-    from pp_compress.ops import hadamard, triton_int
+    from pp_compress.ops import triton_int
 
     x = torch.randn(8, 512, device="cuda", dtype=torch.float16)
     op, eager, ctx = ppc.build("int8:rot"), ppc.build("int8:rot:kernel=eager"), ppc.Context()
     assert all(torch.equal(a, b) for a, b in zip(op.compress(x, ctx).tensors, eager.compress(x, ctx).tensors))
     x[3, 7] = float("nan")
-    _, scale = triton_int.sym_encode(x, 8, torch.bfloat16, 256, hadamard.signs(512, torch.Generator("cuda"), x.device))
-    assert (~torch.isfinite(scale)).nonzero().flatten().tolist() == [3]
+    _, scale, flag = triton_int.sym_encode(x, 8, torch.bfloat16, 256, 3, check=True)
+    assert (~torch.isfinite(scale)).nonzero().flatten().tolist() == [3] and flag.tolist() == [1]

@@ -19,14 +19,13 @@ def test_fwht_equals_the_dense_orthonormal_hadamard(n):
 def test_the_chunked_cpu_path_matches_one_shot_and_inverts_exactly(n, last, monkeypatch):
     """More rows than one chunk: the signs must line up with each row in every chunk."""
     x = torch.randn(700, last, generator=torch.Generator().manual_seed(0))
-    gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
-    y = hadamard.rotate(x, n, gen())
+    y = hadamard.rotate(x, n, 5)
     assert x.numel() > 2 * hadamard._CHUNK // 4 or n == 8
     monkeypatch.setattr(hadamard, "_CHUNK", 1 << 40)  # one shot
-    assert torch.allclose(hadamard.rotate(x, n, gen()), y, atol=1e-6)
+    assert torch.allclose(hadamard.rotate(x, n, 5), y, atol=1e-6)
     monkeypatch.setattr(hadamard, "_CHUNK", 3 * last)  # tiny chunks, several rows each
-    assert torch.allclose(hadamard.rotate(x, n, gen()), y, atol=1e-6)
-    assert torch.allclose(hadamard.unrotate(y, n, gen()), x, atol=1e-5)
+    assert torch.allclose(hadamard.rotate(x, n, 5), y, atol=1e-6)
+    assert torch.allclose(hadamard.unrotate(y, n, 5), x, atol=1e-5)
     # orthogonal: norms of every block survive
     assert torch.allclose(y.reshape(-1, n).norm(dim=1), x.reshape(-1, n).norm(dim=1), rtol=1e-5)
 
@@ -34,7 +33,7 @@ def test_the_chunked_cpu_path_matches_one_shot_and_inverts_exactly(n, last, monk
 def test_rotation_spreads_an_outlier_channel_over_its_block():
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
     x[:, 7] = 100.0
-    y = hadamard.rotate(x, 256, torch.Generator().manual_seed(0))
+    y = hadamard.rotate(x, 256, 0)
     assert float(x.abs().amax(1).mean() / x.pow(2).mean(1).sqrt().mean()) > 15  # absmax / rms: the outlier
     assert float(y.abs().amax(1).mean() / y.pow(2).mean(1).sqrt().mean()) < 4  # a gaussian-like row
 
@@ -55,7 +54,7 @@ def test_the_fused_kernel_is_bitwise_the_eager_butterfly(n, dtype):
     for last in (n, 3 * n):
         x = (torch.randn(37, last, generator=torch.Generator().manual_seed(n)) * 3).to(dtype)
         x[0, 1] = 1e30 if dtype != torch.float16 else 6e4
-        d = hadamard.signs(last, torch.Generator().manual_seed(1), x.device)
+        d = hadamard.signs(last, 1, x.device)
         for signs, after in ((d, False), (d, True), (None, False)):
             for out in (torch.float32, dtype):
                 a = hadamard.fwht(x, n, signs, after, out, fused=True)
@@ -69,7 +68,7 @@ def test_the_fused_kernel_is_bitwise_the_eager_butterfly(n, dtype):
 def test_the_accelerator_product_equals_the_butterfly_to_rounding(n, dtype):
     # the path CUDA takes (tests/unit/ops/test_cuda.py runs it there), checked here on CPU
     x = (torch.randn(37, 3 * n, generator=torch.Generator().manual_seed(n)) * 3).to(dtype)
-    d = hadamard.signs(3 * n, torch.Generator().manual_seed(1), x.device)
+    d = hadamard.signs(3 * n, 1, x.device)
     before = x.clone()
     for signs, after in ((d, False), (d, True), (None, False)):
         for out in (torch.float32, dtype):
@@ -79,3 +78,11 @@ def test_the_accelerator_product_equals_the_butterfly_to_rounding(n, dtype):
             assert torch.allclose(a.float(), b.float(), rtol=1e-2 if out != torch.float32 else 1e-5, atol=1e-5)
     y = hadamard.fwht_gemm(x, n, d)
     assert torch.allclose(hadamard.fwht_gemm(y, n, d, after=True), x.float(), rtol=1e-5, atol=1e-4)  # its own inverse
+
+
+def test_the_signs_are_counter_based_and_balanced():
+    """Position i's sign is a function of (key, i) alone: the same on every device, and a prefix of a longer draw."""
+    d = hadamard.signs(4096, 7, torch.device("cpu"))
+    assert set(d.unique().tolist()) == {-1.0, 1.0} and abs(float(d.mean())) < 0.05
+    assert torch.equal(hadamard.signs(100, 7, torch.device("cpu")), d[:100])
+    assert not torch.equal(hadamard.signs(4096, 8, torch.device("cpu")), d)
