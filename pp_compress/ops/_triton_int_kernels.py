@@ -51,6 +51,18 @@ def any_nonfinite(y):
 
 
 @triton.jit
+def with_nan(s, bad):
+    """The scalar s (fp32, bf16 or fp16), or a NaN of its dtype where `bad` (a NaN scale, as the reference's),
+    chosen on the bits: compiled, a float select of a NaN constant was seen to give s (H100, Triton 3.6)."""
+    if s.dtype == tl.float32:
+        return tl.where(bad, 0x7FC00000, s.to(tl.uint32, bitcast=True)).to(tl.uint32).to(tl.float32, bitcast=True)
+    elif s.dtype == tl.bfloat16:
+        return tl.where(bad, 0x7FC0, s.to(tl.uint16, bitcast=True)).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return tl.where(bad, 0x7E00, s.to(tl.uint16, bitcast=True)).to(tl.uint16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
 def rne(q):
     """Round fp32 |q| < 2**22 to the nearest integer, ties to even (torch.round), with IEEE adds."""
     return (q + 12582912.0) - 12582912.0
@@ -64,18 +76,17 @@ def encode(x_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, LAST: tl.constexpr,
     col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N) positions in the row
     valid = tl.broadcast_to((tl.arange(0, P) < LAST // N)[:, None], (P, N))  # whole tile rows: vector accesses
     y = tl.load(x_ptr + row * LAST + col, mask=valid, other=0.0).to(tl.float32)  # (P, N)
+    bad = any_nonfinite(y)  # of x itself, before any arithmetic
     if ROT:
         y = y * INV
         y = y * rot_signs(col, rkey)
         y = butterfly(y, P, N, LOGN)
     top: tl.constexpr = 2 ** (BITS - 1) - 1
     topf: tl.constexpr = 2.0 ** (BITS - 1) - 1.0
-    absmax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)  # the device's max drops NaNs: they are looked for apart
-    bad = any_nonfinite(y)
-    absmax = tl.where(bad, float("nan"), absmax)  # a NaN scale, as the reference's
+    absmax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)  # the device's max drops NaNs: `bad` looked for them
     if FLAG:  # flag = 1 where any input is NaN/Inf: the encoder's own input check
         tl.atomic_max(flag_ptr, 1, mask=bad)
-    scale = cast(tl.math.div_rn(absmax, topf) * (1.0 + BUMP), scale_ptr.dtype.element_ty)
+    scale = with_nan(cast(tl.math.div_rn(absmax, topf) * (1.0 + BUMP), scale_ptr.dtype.element_ty), bad)
     tl.store(scale_ptr + row, scale)
     s = scale.to(tl.float32)
     q = tl.math.div_rn(y, tl.where(s > 0, s, 1.0))  # (P, N)
