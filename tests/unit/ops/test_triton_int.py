@@ -9,7 +9,13 @@ import torch
 if "pp_compress.ops._triton_int_kernels" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("the kernels were compiled for a device in this process; the interpreter cannot take them over",
                 allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are defined: before their module is imported
+_before = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are defined, as their module is imported
+from pp_compress.ops import _triton_int_kernels  # noqa: E402,F401
+if _before is None:  # the rest of the test session sees the environment it had
+    del os.environ["TRITON_INTERPRET"]
+else:
+    os.environ["TRITON_INTERPRET"] = _before
 
 import pp_compress as ppc  # noqa: E402
 from pp_compress.ops import triton_int  # noqa: E402
@@ -18,6 +24,12 @@ from pp_compress.ops.base import layout_nbytes  # noqa: E402
 SPECS = ["int8", "int8:rot", "int8:stoch", "int4", "int4:rot", "int3:rot:stoch", "int2:stoch", "int5:rot",
          "int6", "int7:rot=16", "int8:rot=2", "int8:scale=fp16", "int4:scale=fp32:rot"]
 SHAPES = [(2, 3, 576), (4, 512), (3, 40), (1, 24)]
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch):
+    """Triton's interpreter reads the variable when a kernel runs too; other tests do not see it."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture
