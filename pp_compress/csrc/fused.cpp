@@ -372,7 +372,21 @@ std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt
 }
 
 // Inverse of sym_encode: packed codes + fp32 scales (groups,) -> (groups, size) in `like`'s dtype
+// A decoder's codes and scales come from a peer: check that they hold what the sizes say before any is read (the
+// Python side checks the message's size too; this keeps a wrong call from reading past a buffer).
+static void check_decode_inputs(const torch::Tensor& codes, const torch::Tensor& scales, int64_t bits, int64_t size,
+                                const char* who) {
+  TORCH_CHECK(bits >= 1 && bits <= 8 && size >= 1, who, ": bits in 1..8 and a positive group size");
+  TORCH_CHECK(codes.device().is_cpu() && codes.is_contiguous() && codes.scalar_type() == at::kByte &&
+              scales.device().is_cpu() && scales.is_contiguous() && scales.scalar_type() == at::kFloat &&
+              scales.dim() == 1, who, ": contiguous CPU uint8 codes and fp32 scales (groups,)");
+  const int64_t need = (scales.size(0) * size * bits + 7) / 8;
+  TORCH_CHECK(codes.numel() >= need, who, ": ", codes.numel(), " bytes of codes for ", scales.size(0), " groups of ",
+              size, " codes of ", bits, " bits (", need, " needed)");
+}
+
 torch::Tensor sym_decode(torch::Tensor codes, torch::Tensor scales, int64_t bits, int64_t size, torch::Tensor like) {
+  check_decode_inputs(codes, scales, bits, size, "sym_decode");
   const int64_t groups = scales.size(0);
   auto out = torch::empty({groups, size}, like.options());
   const uint8_t* in = codes.data_ptr<uint8_t>();
@@ -468,6 +482,8 @@ std::vector<torch::Tensor> nf_encode(torch::Tensor x, torch::Tensor mid, int64_t
 // Inverse of nf_encode: level[code] * scale in `like`'s dtype
 torch::Tensor nf_decode(torch::Tensor codes, torch::Tensor scales, torch::Tensor levels, int64_t bits, int64_t size,
                         torch::Tensor like) {
+  check_decode_inputs(codes, scales, bits, size, "nf_decode");
+  TORCH_CHECK(levels.is_contiguous() && levels.scalar_type() == at::kFloat && levels.dim() == 1, "nf_decode: fp32 levels");
   const int64_t groups = scales.size(0);
   auto out = torch::empty({groups, size}, like.options());
   const uint8_t* in = codes.data_ptr<uint8_t>();
@@ -627,6 +643,7 @@ std::vector<torch::Tensor> rot_sym_encode(torch::Tensor x, torch::Tensor signs, 
 torch::Tensor rot_sym_decode(torch::Tensor codes, torch::Tensor scales, torch::Tensor signs, int64_t n, int64_t bits,
                              int64_t size, torch::Tensor like) {
   TORCH_CHECK(signs.is_contiguous() && signs.scalar_type() == at::kFloat, "rot_sym_decode: fp32 signs");
+  check_decode_inputs(codes, scales, bits, size, "rot_sym_decode");
   const int64_t numel = scales.size(0) * size;
   const RotUnits ru(numel, signs.numel(), n, size, "rot_sym_decode");
   auto out = torch::empty({ru.units, ru.unit}, like.options());

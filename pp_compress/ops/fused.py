@@ -9,6 +9,7 @@ training step:
 `PP_COMPRESS_KERNELS` chooses the build:
 - `native` (default): for this machine's vector units (`-march=native`, AVX-512 paths where the CPU has them);
 - `baseline`: the architecture's baseline instruction set, the scalar paths (what a CPU without AVX-512 runs);
+- `asan`: `native` under AddressSanitizer, for checks (`benchmarks/sanitize.sh`);
 - `0`: no kernels; every operator runs its eager reference.
 
 Each build is cached under a name keyed by the instruction-set features the compiler enables for its flags, so a
@@ -33,8 +34,12 @@ SOURCES = [Path(__file__).resolve().parents[1] / "csrc" / name for name in ("fus
 FLAGS: dict[str, list[str]] = {
     "native": ["-O3", "-march=native", "-ffp-contract=off"],
     "baseline": ["-O3", "-ffp-contract=off"],
+    "asan": ["-O1", "-g", "-march=native", "-ffp-contract=off", "-fsanitize=address", "-fno-omit-frame-pointer"],
 }
-"""Compiler flags per build; no fused multiply-adds and no fast-math in either, so results are the reference's."""
+"""Compiler flags per build; no fused multiply-adds and no fast-math in any, so results are the reference's. `asan`
+instruments every memory access (AddressSanitizer, for benchmarks/sanitize.sh): the process must preload the
+compiler's libasan (`LD_PRELOAD=$(c++ -print-file-name=libasan.so)`), else the build does not load."""
+LDFLAGS: dict[str, list[str]] = {"asan": ["-fsanitize=address"]}
 MODES = (*FLAGS, "0")
 """The accepted values of PP_COMPRESS_KERNELS."""
 _STATE: dict[str, ModuleType | None] = {}
@@ -68,7 +73,7 @@ def kernels() -> ModuleType | None:
     says why) where they cannot be built."""
     which = mode()
     if which not in _STATE:
-        _STATE[which] = None if which == "0" else _build(FLAGS[which])
+        _STATE[which] = None if which == "0" else _build(FLAGS[which], LDFLAGS.get(which, []))
     return _STATE[which]
 
 
@@ -88,7 +93,7 @@ def stale_lock(name: str) -> Path | None:
     return lock if time.time() - lock.stat().st_mtime > STALE_LOCK_S else None
 
 
-def _build(flags: list[str]) -> ModuleType | None:
+def _build(flags: list[str], ldflags: list[str]) -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load
 
@@ -97,7 +102,7 @@ def _build(flags: list[str]) -> ModuleType | None:
             warnings.warn(f"pp_compress: {lock} is {(time.time() - lock.stat().st_mtime) / 60:.0f} min old; the build "
                           "waits until it is gone. If no process is building the kernels, a killed build left it: "
                           "delete it", RuntimeWarning, stacklevel=3)
-        return load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=flags,
+        return load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=flags, extra_ldflags=ldflags,
                     verbose=bool(os.environ.get("PP_COMPRESS_BUILD_VERBOSE")))
     except Exception as e:  # noqa: BLE001 - any build failure: say why, then the eager reference runs
         warnings.warn(f"pp_compress: the fused CPU kernels could not be built ({type(e).__name__}: {str(e)[:300]}); "

@@ -36,7 +36,7 @@ def test_kernels_off_runs_the_reference_without_a_warning(monkeypatch, recwarn):
 
 def test_a_bad_kernels_setting_names_the_accepted_values(monkeypatch):
     monkeypatch.setenv("PP_COMPRESS_KERNELS", "avx")
-    with pytest.raises(ValueError, match="PP_COMPRESS_KERNELS='avx'; accepted: native, baseline, 0"):
+    with pytest.raises(ValueError, match="PP_COMPRESS_KERNELS='avx'; accepted: native, baseline, asan, 0"):
         fused.kernels()
 
 
@@ -132,3 +132,15 @@ def test_nf_codes_at_and_beside_every_midpoint_match_the_reference(bits):
     fast, ref = ppc.build(spec), ppc.build(spec + ":kernel=eager")
     assert fast._fused_size(tuple(x.shape), x) == x.shape[1]
     assert torch.equal(fast.compress(x, ppc.Context()).tensors[0], ref.compress(x, ppc.Context()).tensors[0])
+
+
+@pytest.mark.parametrize("call", ["sym_decode", "nf_decode", "rot_sym_decode"])
+def test_a_decode_kernel_refuses_codes_shorter_than_its_sizes_say(call):
+    """The kernels read codes from a peer: a call whose buffer is shorter than groups x size x bits is refused before
+    any read (under AddressSanitizer such a read was a heap-buffer-overflow, benchmarks/sanitize.sh)."""
+    k = fused.kernels()
+    codes, scales, like = torch.zeros(64, dtype=torch.uint8), torch.ones(2), torch.empty(0)
+    args = {"sym_decode": (codes, scales, 8, 4096, like), "nf_decode": (codes, scales, torch.ones(16), 4, 4096, like),
+            "rot_sym_decode": (codes, scales, torch.ones(4096), 64, 8, 4096, like)}[call]
+    with pytest.raises(RuntimeError, match=rf"{call}: 64 bytes of codes for 2 groups of 4096 codes"):
+        getattr(k, call)(*args)
