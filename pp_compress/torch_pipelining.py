@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.distributed import P2POp, irecv, isend
+import torch.distributed as dist
+from torch.distributed import P2POp, batch_isend_irecv, irecv, isend
 from torch.distributed.pipelining import PipelineStage
 
 from .config import CompressionConfig
@@ -31,6 +32,7 @@ from .ops.base import TensorSpec
 from .pipe import StageCompression
 from .policy import Where
 from .runtime import check_same_config, resolve_config
+from .selfcheck import self_check
 from .versions import EngineRange
 
 TESTED = EngineRange("torch.distributed.pipelining", "2.13.0", "2.13.0", ("2.13.0 on CPU with gloo",),
@@ -56,6 +58,10 @@ class CompressedPipelineStage(PipelineStage):
                 raise NotImplementedError(f"{spec}: +aqsgd needs sample ids in the tuple that crosses a boundary, which "
                                           "torch.distributed.pipelining stages do not carry; use +ef / +ef21 or none")
         check_same_config(cfg, self.group)
+        ranks = dist.get_world_size(self.group)
+        if stage_index < ranks:  # each rank's first stage: a chain over the ranks (see `_exchange`)
+            self_check(stage_index, min(num_stages, ranks), self.device, self._exchange,
+                       f"torch.distributed.pipelining {torch.__version__}")
         self.pp_compress = StageCompression(cfg, stage_index, num_stages)
         self.pp_compress_step = -1
         """Schedule steps run (each `Schedule.step` clears the stage's runtime state once)."""
@@ -76,6 +82,16 @@ class CompressedPipelineStage(PipelineStage):
 
     def _where(self, boundary: int, direction: str, chunk: int) -> Where:
         return Where(boundary, direction, max(self.pp_compress_step, 0), chunk, self.has_backward)
+
+    def _exchange(self, ops: list[tuple[str, int, Tensor]]) -> None:
+        """The start-up self-check's messages as the schedules send theirs: P2P ops, posted at once, then waited for.
+        Only each rank's first stage (index < ranks) runs the check, over the chain of ranks: where a rank holds several
+        stages (interleaved and V schedules), two stages' probes between the same pair of ranks could otherwise be
+        matched the wrong way round, as untagged point-to-point messages match in posting order."""
+        works = batch_isend_irecv([P2POp(isend if kind == "send" else irecv, buf, self._peer(peer), self.group)
+                                   for kind, peer, buf in ops]) if ops else []
+        for work in works:
+            work.wait()
 
     def _peer(self, stage: int) -> int:
         return self._resolve_peer_global_rank(stage)

@@ -43,6 +43,7 @@ from ..ops.base import TensorSpec
 from ..pipe import StageCompression, View, sample_ids_of
 from ..policy import Where
 from ..runtime import SECTION, check_same_config, load_json, load_state, resolve_config, save_state, spec_arg
+from ..selfcheck import self_check
 from ..stats import format_table
 from ..versions import EngineRange
 
@@ -100,7 +101,19 @@ class _Compressed:
         """The compression config this engine runs."""
         return self.pp_compress.cfg
 
+    def pp_compress_self_check(self) -> None:
+        """The start-up self-check (pp_compress/selfcheck.py) through DeepSpeed's p2p.send/recv between neighbouring
+        ranks of the pipe; every stage runs it before its first batch."""
+        def exchange(ops: list) -> None:
+            for kind, peer, buf in ops:
+                (p2p.send if kind == "send" else p2p.recv)(buf, peer)
+
+        self_check(self.stage_id, self.num_stages, self.device, exchange, f"DeepSpeed {deepspeed.__version__}")
+        self._pp_checked = True
+
     def train_batch(self, data_iter: Any = None) -> Any:
+        if not getattr(self, "_pp_checked", False):
+            self.pp_compress_self_check()
         loss = super().train_batch(data_iter)
         self.pp_compress.raise_pending()  # the step's non-finite verdicts left on the device, read once
         every = self.steps_per_print()
@@ -109,6 +122,8 @@ class _Compressed:
         return loss
 
     def eval_batch(self, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(self, "_pp_checked", False):
+            self.pp_compress_self_check()
         out = super().eval_batch(*args, **kwargs)
         self.pp_compress.raise_pending()
         return out

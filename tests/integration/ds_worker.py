@@ -120,6 +120,10 @@ def make_engine():
         spec = args.rank1_spec if (args.rank1_spec and rank == 1) else args.spec
         spec += "" if "min_numel" in spec else ",min_numel=0"  # the (4, 64) tensors here are below the default
         engine, *_ = ppd.initialize(model=model, config=cfg, compression=spec, model_parameters=model.parameters())
+    if hasattr(engine, "pp_compress_self_check"):  # before the first batch, as train_batch would: its probes are not
+        before = SENT["bytes"]                    # training traffic, so the byte counts below leave them out
+        engine.pp_compress_self_check()
+        SENT["bytes"] = before
     return engine
 
 
