@@ -1,0 +1,62 @@
+"""auto's pure parts (pp_compress/auto.py): the spec, the admitted candidates, the cost model, the measurements."""
+import time
+
+import pytest
+import torch
+
+import pp_compress as ppc
+from pp_compress.auto import AutoConfig, Cost, Link, candidate_ops, choose, measure_codec, measure_link
+
+MB = 1 << 20
+
+
+def test_the_spec_and_its_errors():
+    assert AutoConfig.parse("auto") == AutoConfig()
+    assert AutoConfig.parse("auto:max=aggressive:model=SmolLM2-135M") == AutoConfig("aggressive", "SmolLM2-135M")
+    for bad, words in [("auto:max=fast", "max='fast'; accepted: safe, aggressive"), ("auto:speed=1", "accepted keys"),
+                       ("auto:model=GPT-9", "accepted: small GPT, SmolLM2-135M"), ("auto:max=safe:max=safe", "each once"),
+                       ("safe", "is not an auto spec")]:
+        with pytest.raises(ValueError, match=words):
+            AutoConfig.parse(bad)
+
+
+def test_the_candidates_stop_at_the_budget_and_are_never_measured_worse():
+    assert AutoConfig().candidates() == ["none", "safe"]
+    assert AutoConfig("aggressive", "SmolLM2-135M").candidates() == ["none", "safe", "aggressive"]
+    assert AutoConfig("aggressive").candidates() == ["none", "safe", "aggressive"]  # parity by the loss rule on both
+    for name in AutoConfig("aggressive").candidates()[1:]:
+        assert all(v.loss_rule == "parity" for v in ppc.presets.verdicts(ppc.PRESETS[name]))
+    ops = candidate_ops(AutoConfig("aggressive"), "grad")
+    assert [op.spec for op in ops.values()] == ["int8:rot", "vq:3"]
+
+
+def test_the_cost_model_sends_dense_on_a_fast_link_and_compresses_on_a_slow_one():
+    raw = 8 * MB
+    costs = {"safe": Cost(0.3e-3, 0.3e-3, raw // 4), "aggressive": Cost(4e-3, 1e-3, raw // 8)}
+    nvlink = choose(Link(400e9, 5e-6), raw, costs)
+    assert nvlink.candidate == "none" and nvlink.saving == 0.0
+    ib = choose(Link(50e9 / 8 * 8, 5e-6), raw, costs)  # 50 GB/s: 0.17 ms dense, 0.64 ms through safe
+    assert ib.candidate == "none"
+    ethernet = choose(Link(1.25e9, 50e-6), raw, costs)  # 10 Gbit/s: 6.7 ms dense, 2.3 ms safe, 5.9 ms aggressive
+    assert ethernet.candidate == "safe" and 0.6 < ethernet.saving < 0.7
+    internet = choose(Link(5e6 / 8, 20e-3), raw, costs)  # 5 Mbit/s: the fewest bytes win
+    assert internet.candidate == "aggressive"
+    assert choose(Link(1e9, 0.0), raw, {}).candidate == "none"
+
+
+def test_a_codec_is_measured_on_the_real_tensor():
+    x = torch.randn(4, 64, 576)
+    op = ppc.build("int8:rot")
+    cost = measure_codec(op, x, ppc.Context(), reps=3)
+    assert cost.wire_bytes == op.wire_nbytes(tuple(x.shape), x.dtype) and cost.encode_s > 0 and cost.decode_s > 0
+
+
+def test_a_link_is_measured_from_round_trips():
+    def round_trip(n):  # a simulated 100 MB/s link with 2 ms each way
+        t0 = time.perf_counter()
+        time.sleep(0.004 + n / 100e6)
+        return time.perf_counter() - t0
+    link = measure_link(round_trip, 2 * MB, reps=3)
+    assert 60e6 < link.bandwidth < 140e6 and 0.0015 < link.latency < 0.004
+    with pytest.raises(ValueError, match="a positive bandwidth"):
+        Link(0.0, 1e-3)
