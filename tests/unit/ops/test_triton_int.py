@@ -147,3 +147,18 @@ def test_the_kernels_compile_for_a_hopper_gpu_without_contractions():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("spec", ["int8", "int8:rot", "int4:rot", "int3:stoch"])
+def test_malformed_messages_through_the_device_kernels_are_rejected_by_name_or_decode_finite(spec, interpreted):
+    """benchmarks/fuzz.py's malformations, decoded by the device kernels (interpreted) on the receiver's path."""
+    import random
+
+    from pp_lab.bench.fuzz import KINDS, malformed, outcome
+
+    send, recv = ppc.Codec(spec), ppc.Codec(spec)
+    shape, rng = (2, 4, 64), random.Random(1)
+    good, _ = send.pack(torch.randn(shape), step=3)
+    layout = recv.op.wire_layout(shape, torch.float32)
+    got = [outcome(recv, malformed(KINDS[i % 3], good, layout, rng), shape, torch.float32) for i in range(30)]
+    assert all(g in ("rejected", "finite") for g in got), [g for g in got if g not in ("rejected", "finite")]
