@@ -59,7 +59,16 @@ RECIPES = {"pretrain": "`{model}` GPT", "finetune": "SmolLM2-135M (recipes/finet
 
 
 def parse_link(text: str) -> tuple[str, float, float]:
-    """'100mbit' or '100mbit@2ms' (or 'none') -> (name, Mbit/s, one-way latency ms)."""
+    """'100mbit' or '100mbit@2ms' (or 'none') -> (name, Mbit/s, one-way latency ms). A link per boundary,
+    '0=none,1=5mbit@20ms' (see benchmarks/throttle.py: PPC_BENCH_LINKS), is one profile: (its text, 0, 0), emulated."""
+    if "=" in text:
+        from pp_lab.bench.throttle import parse_links
+
+        try:
+            parse_links(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text, 0.0, 0.0
     m = re.fullmatch(r"(none|(\d+(?:\.\d+)?)(mbit|gbit))(?:@(\d+(?:\.\d+)?)ms)?", text)
     if not m:
         raise argparse.ArgumentTypeError(f"link {text!r}; accepted: none, <N>mbit, <N>gbit, optionally @<L>ms "
@@ -164,8 +173,9 @@ def shaped_links(stages: int, links: list[tuple[str, float, float]], netns: bool
         for name, rate, latency in links:
             if ns:
                 ns.shape(rate)
+            per_boundary = {"PPC_BENCH_LINKS": name} if "=" in name else {}  # emulated per boundary, on top
             yield ns, (name, rate, latency), {**env, "PPC_BENCH_LATENCY_MS": str(latency),
-                                               "PPC_BENCH_RATE_MBIT": "0" if ns else str(rate)}
+                                               "PPC_BENCH_RATE_MBIT": "0" if ns else str(rate), **per_boundary}
 
 
 def run_throttled(ns: Namespaces | None, stages: int, script: Path, args: list[str], env: dict[str, str],

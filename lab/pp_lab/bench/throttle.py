@@ -11,6 +11,11 @@ for two things, and labels both in its results:
 - the whole link (latency and bandwidth), only where network namespaces are not permitted.
 A sleeping sender models a store-and-forward link that blocks the sender; DeepSpeed's p2p sends are
 blocking anyway, so the stage waits either way. Never used in training.
+
+PPC_BENCH_LINKS gives each boundary its own link, and a link may change during the run (emulated only), e.g.
+`0=none,1=5mbit@20ms~60s=100mbit@1ms`: boundary 0 unlimited, boundary 1 at 5 Mbit/s with 20 ms until 60 s after
+the first message, then 100 Mbit/s with 1 ms. Boundaries it does not name take PPC_BENCH_LATENCY_MS / _RATE_MBIT.
+A message's boundary is the lower of its two stages.
 """
 from __future__ import annotations
 
@@ -26,21 +31,69 @@ def delay_s(nbytes: int, latency_ms: float, rate_mbit: float) -> float:
     return latency_ms / 1e3 + (nbytes * 8 / (rate_mbit * 1e6) if rate_mbit > 0 else 0.0)
 
 
-def install(latency_ms: float, rate_mbit: float, p2p_api: str = "deepspeed") -> None:
+Schedule = list[tuple[float, float, float]]
+"""A boundary's link over time: (from second, rate Mbit/s, one-way latency ms), in time order, the first from 0."""
+
+
+def parse_links(text: str) -> dict[int, Schedule]:
+    """'0=none,1=5mbit@20ms~60s=100mbit@1ms' -> {0: [(0, 0, 0)], 1: [(0, 5, 20), (60, 100, 1)]}; errors name the part."""
+    from pp_lab.bench.e2e import parse_link
+
+    out: dict[int, Schedule] = {}
+    for part in filter(None, text.split(",")):
+        b, sep, rest = part.partition("=")
+        if not sep or not b.isdigit() or int(b) in out:
+            raise ValueError(f"PPC_BENCH_LINKS part {part!r}; accepted: <boundary>=<link>[~<S>s=<link>...], each "
+                             "boundary once, e.g. 0=none,1=5mbit@20ms~60s=100mbit")
+        first, *changes = rest.split("~")
+        schedule = [(0.0, *parse_link(first)[1:])]
+        for change in changes:
+            when, sep, link = change.partition("=")
+            if not sep or not when.endswith("s") or not when[:-1].replace(".", "", 1).isdigit() \
+                    or float(when[:-1]) <= schedule[-1][0]:
+                raise ValueError(f"PPC_BENCH_LINKS change {change!r} in {part!r}; accepted: ~<S>s=<link>, at "
+                                 "increasing seconds")
+            schedule.append((float(when[:-1]), *parse_link(link)[1:]))
+        out[int(b)] = schedule
+    return out
+
+
+def link_at(schedule: Schedule, seconds: float) -> tuple[float, float]:
+    """(rate Mbit/s, latency ms) of a schedule `seconds` after the first message."""
+    rate, latency = schedule[0][1:]
+    for start, r, lat in schedule:
+        if seconds >= start:
+            rate, latency = r, lat
+    return rate, latency
+
+
+def install(latency_ms: float, rate_mbit: float, p2p_api: str = "deepspeed",
+            links: dict[int, Schedule] | None = None) -> None:
     """Wrap p2p.send; pp_compress's engine and DeepSpeed's own look it up on the module at call time. p2p_api "torch":
-    wrap torch.distributed.send and broadcast instead (DeepSpeed's send calls torch's: never both)."""
+    wrap torch.distributed.send and broadcast instead (DeepSpeed's send calls torch's: never both). `links`: a
+    schedule per boundary (parse_links); the others take latency_ms and rate_mbit."""
+    start: list[float] = []
+
+    def delay(nbytes: int, src: int, dst: int) -> float:
+        schedule = (links or {}).get(min(src, dst))
+        if schedule is None:
+            return delay_s(nbytes, latency_ms, rate_mbit)
+        if not start:
+            start.append(time.monotonic())
+        return delay_s(nbytes, *reversed(link_at(schedule, time.monotonic() - start[0])))
+
     if p2p_api == "torch":
         import torch.distributed as dist
 
         tsend, tbroadcast = dist.send, dist.broadcast
 
         def delayed_send(tensor: Any, dst: int, *a: Any, **kw: Any) -> Any:
-            time.sleep(delay_s(tensor.numel() * tensor.element_size(), latency_ms, rate_mbit))
+            time.sleep(delay(tensor.numel() * tensor.element_size(), dist.get_rank(), dst))
             return tsend(tensor, dst, *a, **kw)
 
         def delayed_broadcast(tensor: Any, src: int, *a: Any, **kw: Any) -> Any:
             if dist.get_rank() == src:
-                time.sleep(delay_s(tensor.numel() * tensor.element_size(), latency_ms, rate_mbit))
+                time.sleep(delay(tensor.numel() * tensor.element_size(), src, src + 1))
             return tbroadcast(tensor, src, *a, **kw)
 
         dist.send, dist.broadcast = delayed_send, delayed_broadcast
@@ -52,7 +105,7 @@ def install(latency_ms: float, rate_mbit: float, p2p_api: str = "deepspeed") -> 
     send = p2p.send
 
     def throttled_send(tensor: Any, dest_stage: int, async_op: bool = False) -> Any:
-        time.sleep(delay_s(tensor.numel() * tensor.element_size(), latency_ms, rate_mbit))
+        time.sleep(delay(tensor.numel() * tensor.element_size(), p2p._grid.get_stage_id(), dest_stage))
         return send(tensor, dest_stage, async_op)
 
     p2p.send = throttled_send
@@ -67,7 +120,8 @@ def main() -> None:
         raise SystemExit(f"PPC_BENCH_LATENCY_MS={latency}, PPC_BENCH_RATE_MBIT={rate}: both must be >= 0")
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
-    install(latency, rate, os.environ.get("PPC_BENCH_P2P", "deepspeed"))
+    links = parse_links(os.environ.get("PPC_BENCH_LINKS", ""))
+    install(latency, rate, os.environ.get("PPC_BENCH_P2P", "deepspeed"), links)
     runpy.run_path(script, run_name="__main__")
 
 

@@ -96,3 +96,32 @@ def test_a_small_message_on_an_idle_shaped_link_takes_the_links_time(tmp_path):
     took = [float(line.split()[1]) for line in log.splitlines() if line.startswith("took")]
     assert rc == 0 and len(took) == 3, log
     assert min(took) > 0.8 * 37000 * 8 / 5e6, took
+
+
+def test_a_link_per_boundary_and_its_changes_parse_and_apply(monkeypatch):
+    from pp_lab.bench import throttle
+
+    links = throttle.parse_links("0=none,1=5mbit@20ms~60s=100mbit@1ms")
+    assert links == {0: [(0.0, 0.0, 0.0)], 1: [(0.0, 5.0, 20.0), (60.0, 100.0, 1.0)]}
+    assert throttle.link_at(links[1], 59.9) == (5.0, 20.0) and throttle.link_at(links[1], 61) == (100.0, 1.0)
+    assert parse_link("0=none,1=5mbit@20ms") == ("0=none,1=5mbit@20ms", 0.0, 0.0)  # one emulated profile
+    for bad in ("1=5mbit,1=none", "x=none", "1=5mbit~10=none", "1=5mbit~20s=none~10s=none", "1=5kbit"):
+        with pytest.raises((ValueError, argparse.ArgumentTypeError)):
+            throttle.parse_links(bad)
+    # the torch API: rank 1 sends to rank 2 over boundary 1, to rank 0 over boundary 0 (unlimited); boundary 2 (not
+    # named) takes the global link
+    import torch
+    import torch.distributed as dist
+
+    slept = []
+    monkeypatch.setattr(dist, "send", lambda t, dst, *a, **k: None)
+    monkeypatch.setattr(dist, "broadcast", lambda t, src, *a, **k: None)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(throttle.time, "sleep", slept.append)
+    throttle.install(3.0, 0.0, "torch", links)
+    msg = torch.zeros(625_000, dtype=torch.uint8)  # 5 Mbit
+    dist.send(msg, 2)
+    dist.send(msg, 0)
+    monkeypatch.setattr(dist, "get_rank", lambda: 2)
+    dist.send(msg, 3)
+    assert slept == [pytest.approx(1.02), 0.0, pytest.approx(0.003)]
