@@ -7,7 +7,6 @@ For simulation, single-device research and inference-time compression of Hugging
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -24,12 +23,15 @@ def _roundtrip(op: Compressor | None, x: Tensor, ctx: Context, stats: DirectionS
         if stats is not None:
             stats.record(x.numel() * x.element_size(), x.numel() * x.element_size())
         return x
-    t0 = time.perf_counter()
+    span = stats.start(x.device) if stats is not None else None
     payload = op.compress(x, ctx)
-    t1 = time.perf_counter()
+    if stats is not None:
+        stats.stop(span, "compress")
+        span = stats.start(x.device)
     y = op.decompress(payload, ctx)
     if stats is not None:
-        stats.record(x.numel() * x.element_size(), payload.nbytes, t1 - t0, time.perf_counter() - t1)
+        stats.stop(span, "decompress")
+        stats.record(x.numel() * x.element_size(), payload.nbytes)
         stats.record_error(x, y)
     return y
 

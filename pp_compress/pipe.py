@@ -13,7 +13,6 @@ Boundary b lies between stage b and stage b + 1: activations cross it forward, g
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import torch
@@ -119,10 +118,11 @@ class StageCompression:
                 stats.record(raw, raw)
                 continue
             t = t.reshape(seen[i][0]) if i in seen else t
-            t0 = time.perf_counter()
+            span = stats.start(t.device)
             payload = op.compress(t.detach(), ctx)
             buf = to_buffer(payload)
-            stats.record(raw, buf.numel(), compress_s=time.perf_counter() - t0)
+            stats.stop(span, "compress")
+            stats.record(raw, buf.numel())
             stats.saturated = op.saturated  # cumulative per operator, and one operator per boundary and direction
             if self.cfg.error_every and where.micro_batch == 0 and where.step % self.cfg.error_every == 0:
                 stats.record_error(t, op.estimate(payload, ctx))
@@ -166,10 +166,11 @@ class StageCompression:
                 out[i] = buf
                 continue
             shape = seen[i][0] if i in seen else spec.shape
-            t0 = time.perf_counter()
+            stats = self._stats(where)
+            span = stats.start(buf.device)
             layout = op.layout(shape, spec.dtype, ctx)
             out[i] = decode_received(op, from_buffer(buf, layout, torch.Size(shape), spec.dtype), ctx).reshape(spec.shape)
-            self._stats(where).decompress_s += time.perf_counter() - t0
+            stats.stop(span, "decompress")
         if where.direction == "grad" and where.training:
             self._observe(out, where, sample_ids)  # type: ignore[arg-type]
         return out  # type: ignore[return-value]

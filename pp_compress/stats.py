@@ -1,6 +1,7 @@
 """Counters per boundary and direction: bytes before/after, ratio, timings, relative error."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,35 @@ class DirectionStats:
     """Why the last skipped message was skipped, e.g. "below min_numel"."""
     pending: list[tuple[Tensor, Tensor]] = field(default_factory=list)
     """Squared error and norm of measurements on an accelerator, still on the device (folded in when read)."""
+    pending_times: list[tuple[str, Any, Any]] = field(default_factory=list)
+    """Codec spans on an accelerator: (which, start event, end event), folded in once their end has passed."""
+
+    def start(self, device: torch.device) -> Any:
+        """The start of a codec span: the wall clock on CPU; on an accelerator an event on its stream (the host's
+        clock would time only the launches of asynchronous work)."""
+        if device.type == "cpu":
+            return time.perf_counter()
+        event = torch.Event(device=device, enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, span: Any, which: str) -> None:
+        """End a span started by `start` and add its time to compress_s or decompress_s (`which`): at once on CPU, on
+        an accelerator once the device has passed the end (never waiting for it here)."""
+        if isinstance(span, float):
+            setattr(self, f"{which}_s", getattr(self, f"{which}_s") + time.perf_counter() - span)
+            return
+        end = torch.Event(device=span.device, enable_timing=True)
+        end.record()
+        self.pending_times.append((which, span, end))
+        self.fold_times(wait=False)
+
+    def fold_times(self, wait: bool = True) -> None:
+        """Add the accelerator spans whose end has passed (all of them with `wait`, the one host wait for them)."""
+        while self.pending_times and (wait or self.pending_times[0][2].query()):
+            which, begin, end = self.pending_times.pop(0)
+            end.synchronize()
+            setattr(self, f"{which}_s", getattr(self, f"{which}_s") + begin.elapsed_time(end) / 1e3)
 
     @property
     def noop(self) -> bool:
@@ -73,6 +103,7 @@ class DirectionStats:
 
     def as_dict(self) -> dict[str, Any]:
         self.fold()
+        self.fold_times()
         return {
             "calls": self.calls,
             "raw_bytes": self.raw_bytes,

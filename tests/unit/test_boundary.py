@@ -159,3 +159,12 @@ def test_mdtopk_learns_in_process_and_its_w_is_in_the_state_dict():
     fresh = ppc.CompressionBoundary("act=mdtopk:0.25,grad=none,min_numel=0")
     fresh.set_extra_state(state)
     assert torch.equal(fresh.ops["act"].weights(ppc.Context(direction="act"), 16, torch.device("cpu")), w)
+
+
+def test_codec_time_is_counted_per_direction():
+    model = _mlp("int8", width=64)
+    model(torch.randn(8, 64)).sum().backward()
+    (b,) = [m for m in model.modules() if isinstance(m, ppc.CompressionBoundary)]
+    for d in ("act", "grad"):
+        s = b.stats[d].as_dict()
+        assert s["compress_s"] > 0 and s["decompress_s"] > 0 and not b.stats[d].pending_times
