@@ -12,16 +12,15 @@ exchange function and a clock: `measure_codec` and `measure_link`. Engines call 
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-import torch
 from torch import Tensor
 
 from .config import parse_spec
 from .ops.base import Compressor, Context
 from .presets import MODELS, PRESETS, verdicts
+from .timing import median_time
 
 Budget = Literal["safe", "aggressive"]
 LADDER: tuple[str, ...] = ("none", "safe", "aggressive")
@@ -119,30 +118,11 @@ def choose(link: Link, raw_bytes: int, costs: dict[str, Cost]) -> Decision:
     return Decision(best, best_s, dense)
 
 
-def _timed(fn: Callable[[], object], device: torch.device, reps: int) -> float:
-    """Median seconds of fn() after one warm-up: CUDA events on a GPU (the device's time), the wall clock on CPU."""
-    fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def measure_codec(op: Compressor, x: Tensor, ctx: Context, reps: int = 5) -> Cost:
     """The operator's encode and decode time on x (a real boundary tensor) and its message size."""
     payload = op.compress(x, ctx)
-    return Cost(_timed(lambda: op.compress(x, ctx), x.device, reps),
-                _timed(lambda: op.decompress(payload, ctx), x.device, reps), payload.nbytes)
+    return Cost(median_time(lambda: op.compress(x, ctx), x.device, reps),
+                median_time(lambda: op.decompress(payload, ctx), x.device, reps), payload.nbytes)
 
 
 def measure_link(round_trip: Callable[[int], float], nbytes: int, reps: int = 5) -> Link:

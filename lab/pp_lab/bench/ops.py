@@ -18,9 +18,7 @@ import argparse
 import csv
 import os
 import shlex
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +27,7 @@ import torch
 from pp_lab.paths import ROOT
 import pp_compress as ppc
 from pp_compress.ops.base import Deferred
+from pp_compress.timing import median_time
 
 SPECS = ["identity", "bf16", "fp8", "int8", "int8:compile", "int8:per=channel", "int4", "int4:rot", "int4:per=block64",
          "int4:rot:per=block64", "int3:rot", "int2:per=block64",
@@ -44,24 +43,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def timer(device: torch.device, fn: Callable[[], object], reps: int) -> float:
-    """Median seconds of fn() over reps runs, after two warm-up runs."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of fn() over reps runs, after two warm-up runs (CUDA: events, from an idle device)."""
+    return median_time(fn, device, reps, warmup=2)
 
 
 def context(device: torch.device) -> ppc.Context:

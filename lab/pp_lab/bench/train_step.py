@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 import pp_compress as ppc
+from pp_compress.timing import elapsed
 from pp_lab.model import GPT, GPTConfig, lm_loss
 from pp_lab.paths import BENCH
 
@@ -49,21 +50,6 @@ def stepper(model: GPT, boundaries: list, opt: torch.optim.Optimizer, ids: torch
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step
-
-
-def timed(device: torch.device, fn: Callable[[], None]) -> float:
-    """Seconds of device time of fn(), by CUDA events (wall time on CPU)."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    import time
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def sync_check(step: Callable[[], None]) -> str:
@@ -106,7 +92,7 @@ def main() -> None:
         runs[spec] = (step, boundaries, [])
     for r in range(args.rounds):
         for spec, (step, _, times) in runs.items():
-            times.append(timed(device, step))
+            times.append(elapsed(step, device))
         print(f"round {r + 1}/{args.rounds}: " + "  ".join(f"{s} {t[-1] * 1e3:.1f} ms" for s, (_, _, t) in runs.items()),
               flush=True)
     base = statistics.median(runs["none"][2])
