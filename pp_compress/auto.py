@@ -108,6 +108,14 @@ class Decision:
         return 1 - self.expected_s / self.dense_s if self.dense_s else 0.0
 
 
+def describe(boundary: int, direction: str, link: Link, decision: Decision) -> str:
+    """The log line of one boundary's decision: the measured link, the pick, and what it is expected to save."""
+    spec = "" if decision.candidate == "none" else f" ({PRESETS[decision.candidate]})"
+    return (f"pp_compress auto: boundary {boundary} {direction}: link {link.bandwidth / 1e9:.3g} GB/s, "
+            f"{link.latency * 1e3:.3g} ms; {decision.candidate}{spec}: {decision.expected_s * 1e3:.3g} ms per message "
+            f"expected against {decision.dense_s * 1e3:.3g} ms dense ({decision.saving:.0%} saved)")
+
+
 def choose(link: Link, raw_bytes: int, costs: dict[str, Cost]) -> Decision:
     """The candidate with the lowest expected time; `none` (no codec, the dense bytes) is always one, and wins ties."""
     dense = Cost(0.0, 0.0, raw_bytes).expected(link)
