@@ -95,14 +95,12 @@ class Deferred:
             self._raise_first(host, errors)
 
     def _send(self) -> None:
-        if self._zeros:  # as verdicts: one comparison for all of them
-            self._flags += list(torch.stack(self._zeros).eq(0).unbind())
-            self._errors += self._zero_errors
-            self._zeros, self._zero_errors = [], []
-        if not self._flags:
+        parts = ([torch.stack(self._flags)] if self._flags else []) + \
+                ([torch.stack(self._zeros).eq(0)] if self._zeros else [])  # one comparison for all the int flags
+        if not parts:
             return
-        flags, errors = torch.stack(self._flags), self._errors  # (n,) bool, on the device of the checks
-        self._flags, self._errors = [], []
+        flags, errors = torch.cat(parts), self._errors + self._zero_errors  # (n,) bool, on the device of the checks
+        self._flags, self._errors, self._zeros, self._zero_errors = [], [], [], []
         if flags.device.type == "cpu":
             self._inflight.append((flags, None, errors))
             return

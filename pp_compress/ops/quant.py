@@ -136,7 +136,7 @@ class IntQuant(Compressor):
         if on_device:  # one kernel: [rotation], scales, rounding, packing
             key = ctx.noise_key("int") if c.stoch else None
             codes, scale, flag = triton_int.sym_encode(x, c.bits, SCALE_DTYPES[c.scale], n, ctx.noise_key("rot"), key,
-                                                       check=self.screens_input(x))
+                                                       check=self.nonfinite == "raise" and c.scale != "fp16")
             if flag is not None:  # the kernel looked for NaN/Inf in x; scales in bf16 or fp32 cannot overflow
                 expect_zero(flag, ctx, FloatingPointError, input_message(ctx))
                 return Payload((codes, scale), x.shape, x.dtype)

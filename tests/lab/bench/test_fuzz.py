@@ -3,6 +3,7 @@ import random
 
 import torch
 
+from pp_compress.ops import TensorSpec
 from pp_lab.bench import fuzz
 
 
@@ -16,7 +17,7 @@ def test_every_operator_rejects_or_decodes_finite_what_a_peer_sends_malformed(tm
 
 def test_each_kind_of_malformation_changes_the_message_where_it_says():
     good = torch.arange(64, dtype=torch.uint8)
-    layout = [ppc_spec((16,), torch.uint8), ppc_spec((12,), torch.float32)]
+    layout = [TensorSpec((16,), torch.uint8), TensorSpec((12,), torch.float32)]
     rng = random.Random(0)
     for _ in range(20):
         bad = fuzz.malformed("fields", good, layout, rng)
@@ -24,7 +25,3 @@ def test_each_kind_of_malformation_changes_the_message_where_it_says():
         flips = fuzz.malformed("flips", good, layout, rng)
         assert 1 <= int((flips != good).sum()) <= 8
 
-
-def ppc_spec(shape, dtype):
-    from pp_compress.ops import TensorSpec
-    return TensorSpec(shape, dtype)

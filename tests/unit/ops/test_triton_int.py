@@ -162,3 +162,16 @@ def test_malformed_messages_through_the_device_kernels_are_rejected_by_name_or_d
     layout = recv.op.wire_layout(shape, torch.float32)
     got = [outcome(recv, malformed(KINDS[i % 3], good, layout, rng), shape, torch.float32) for i in range(30)]
     assert all(g in ("rejected", "finite") for g in got), [g for g in got if g not in ("rejected", "finite")]
+
+
+def test_under_nonfinite_allow_the_device_path_does_what_the_reference_does(interpreted):
+    x = sample((4, 64), torch.float32)
+    x[1, 3] = float("nan")
+    outcomes = []
+    for spec in ("int8:rot:kernel=eager", "int8:rot"):
+        op = ppc.parse_spec(spec).spec_for(0, "act").build("allow")
+        try:
+            outcomes.append(("ok", torch.isfinite(op.decompress(op.compress(x, ppc.Context()), ppc.Context())).tolist()))
+        except FloatingPointError as e:
+            outcomes.append(("raised", str(e).replace(":kernel=eager", "")))
+    assert outcomes[0] == outcomes[1]
