@@ -1,13 +1,14 @@
 #!/bin/bash
-# The checks that need a CUDA device, in one go, for a GPU machine lent for a few minutes (about 5 minutes on an H100):
+# The checks that need a CUDA device, in one go, for a GPU machine lent for a few minutes (about 3 minutes on an H100):
 #   bash benchmarks/cuda_check.sh [OUT_DIR]      (default results/bench/cuda)
 # 1. benchmarks/ops.py: each preset codec's encode and decode time (CUDA events) next to copy_, its break-even link
 #    bandwidth, at a Megatron-sized activation (8x1024x2048) and an inference message (16 tokens x 576), fp32 and bf16;
 #    the device kernels (ops/triton_int.py) next to the eager reference (:kernel=eager);
 # 2. benchmarks/codec_profile.py: kernels launched and host synchronizations per encode + decode round;
-# 3. benchmarks/train_step.py: the codec's share of a SmolLM2-135M training step with boundaries at the study's three
+# 3. benchmarks/host_overhead.py: the host's µs per encode / decode call, and back-to-back rounds next to copy_;
+# 4. benchmarks/train_step.py: the codec's share of a SmolLM2-135M training step with boundaries at the study's three
 #    cuts, and whether a steady-state step synchronizes the host (sync debug mode 'error');
-# 4. the CUDA tests (tests/unit/ops/test_cuda.py, tests/unit/test_cuda.py): payloads on the device with the layout's
+# 5. the CUDA tests (tests/unit/ops/test_cuda.py, tests/unit/test_cuda.py): payloads on the device with the layout's
 #    bytes, the device kernels bitwise the eager reference, no host synchronization per message.
 # Each step writes its file as it finishes, so a run cut short keeps what it measured. Needs torch and Triton (and
 # pytest, hypothesis, scipy for the tests); DeepSpeed is not used. The device machine has no editable install of this
@@ -28,6 +29,8 @@ for dtype in fp32 bf16; do
     python3 benchmarks/codec_profile.py --device cuda $specs --shape 8x1024x2048 --dtype $dtype \
         --out "$out/codec_profile_cuda_$dtype.md" 2>&1 | grep -v "^USDT\|UserWarning\|_warn_once" || rc=1
 done
-python3 benchmarks/train_step.py --device cuda --dtype bf16 --sync-check --out "$out/train_step_cuda_bf16.md" || rc=1
+python3 benchmarks/host_overhead.py --device cuda --spec identity --spec bf16 --spec int8 --spec int8:rot \
+    --spec int4:rot --spec int3:stoch --profile --out "$out/host_cuda.md" || rc=1
+python3 benchmarks/train_step.py --device cuda --dtype bf16 --sync-check --profile identity --profile safe --out "$out/train_step_cuda_bf16.md" || rc=1
 python3 -m pytest -q -p no:cacheprovider tests/unit/ops/test_cuda.py tests/unit/test_cuda.py 2>&1 | tee "$out/cuda_tests.log" || rc=1
 exit $rc

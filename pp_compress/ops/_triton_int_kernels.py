@@ -68,8 +68,8 @@ def rne(q):
     return (q + 12582912.0) - 12582912.0
 
 
-@triton.jit(do_not_specialize=["rkey", "key"])  # a key that happens to be 1 must not become a constant
-def encode(x_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, LAST: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
+@triton.jit(do_not_specialize=["rkey", "key", "slot"])  # a key that happens to be 1 must not become a constant
+def encode(x_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, slot, LAST: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
            BITS: tl.constexpr, ROT: tl.constexpr, STOCH: tl.constexpr, BUMP: tl.constexpr,
            INV: tl.constexpr, LOGN: tl.constexpr, FLAG: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -85,7 +85,7 @@ def encode(x_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, LAST: tl.constexpr,
     topf: tl.constexpr = 2.0 ** (BITS - 1) - 1.0
     absmax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)  # the device's max drops NaNs: `bad` looked for them
     if FLAG:  # flag = 1 where any input is NaN/Inf: the encoder's own input check
-        tl.atomic_max(flag_ptr, 1, mask=bad)
+        tl.atomic_max(flag_ptr + slot, 1, mask=bad)
     scale = with_nan(cast(tl.math.div_rn(absmax, topf) * (1.0 + BUMP), scale_ptr.dtype.element_ty), bad)
     tl.store(scale_ptr + row, scale)
     s = scale.to(tl.float32)
@@ -106,8 +106,8 @@ def encode(x_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, LAST: tl.constexpr,
         tl.store(codes_ptr + row * (LAST * BITS // 8) + w * BITS + j, byte, mask=(j < BITS) & (w < LAST // 8))
 
 
-@triton.jit(do_not_specialize=["rkey"])
-def decode(codes_ptr, scale_ptr, out_ptr, flag_ptr, rkey, LAST: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
+@triton.jit(do_not_specialize=["rkey", "slot"])
+def decode(codes_ptr, scale_ptr, out_ptr, flag_ptr, rkey, slot, LAST: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
            BITS: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, LOGN: tl.constexpr, FLAG: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N)
@@ -130,4 +130,25 @@ def decode(codes_ptr, scale_ptr, out_ptr, flag_ptr, rkey, LAST: tl.constexpr, P:
     out = cast(y, out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * LAST + col, out, mask=valid)
     if FLAG:  # flag = 1 where any output is NaN/Inf (in the output's dtype): the decode's own finiteness check
-        tl.atomic_max(flag_ptr, 1, mask=any_nonfinite(tl.where(valid, out.to(tl.float32), 0.0)))
+        tl.atomic_max(flag_ptr + slot, 1, mask=any_nonfinite(tl.where(valid, out.to(tl.float32), 0.0)))
+
+
+@triton.jit(do_not_specialize=["n", "slot"])
+def screen(bits_ptr, flag_ptr, n, slot, BLOCK: tl.constexpr, EXP: tl.constexpr):
+    """flag[slot] = 1 where any of the n values is NaN/Inf: all its exponent bits set (EXP, its dtype's exponent mask;
+    the values read as integers of their width)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    bits = tl.load(bits_ptr + i, mask=i < n, other=0)
+    bad = tl.max(((bits & EXP) == EXP).to(tl.int32), axis=0) > 0
+    tl.atomic_max(flag_ptr + slot, 1, mask=bad)
+
+
+@triton.jit(do_not_specialize=["n"])
+def error_sums(x_ptr, y_ptr, acc_ptr, n, BLOCK: tl.constexpr):
+    """acc[0] += sum((x - y)^2), acc[1] += sum(x^2) over the n values of x and y, in fp32 per block, fp64 across."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i, mask=i < n, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + i, mask=i < n, other=0.0).to(tl.float32)
+    d = x - y
+    tl.atomic_add(acc_ptr, tl.sum(d * d, axis=0).to(tl.float64))
+    tl.atomic_add(acc_ptr + 1, tl.sum(x * x, axis=0).to(tl.float64))

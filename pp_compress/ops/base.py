@@ -48,19 +48,37 @@ def layout_nbytes(layout: Layout) -> int:
     return sum(spec.nbytes for spec in layout)
 
 
+class Flag(NamedTuple):
+    """A kernel's own check: an int32 slot on the device that stays 0 when fine, and the error to raise if it is not."""
+
+    buf: Tensor
+    """int32 values on the device; the kernel sets buf[index] to non-zero where its check fails."""
+    index: int
+    error: type[Exception]
+    message: Callable[[], str]
+
+
 class Deferred:
     """Checks whose verdicts stay on the device until `raise_pending()` or `poll()`. On an accelerator a `bool()` of
     a device tensor waits for every queued kernel, so the host could not queue the next micro-batch meanwhile;
     deferred, the per-message path never waits. An engine reads all verdicts of a step at once, at its end
     (`raise_pending`); a loop that must never wait polls (`poll`): the verdicts travel to pinned host memory
     asynchronously and are read once they have arrived, a step or so later. The errors are the same and still name
-    the boundary and the step; they are raised there rather than inside the message."""
+    the boundary and the step; they are raised there rather than inside the message.
+
+    Two kinds of verdict: a bool tensor (`expect`), and a slot of a zeroed int32 buffer per device that a kernel sets
+    (`flag`). The slots are read and zeroed together when the verdicts are sent: no allocation and no fill per check.
+    The kernels that set them run on the stream that sends them (the current one), as every check's kernels do."""
+
+    SLOTS = 4096
+    """Slots per buffer; a new buffer is taken when one fills up before the verdicts are sent."""
 
     def __init__(self) -> None:
         self._flags: list[Tensor] = []  # bool verdicts, True when fine
         self._errors: list[tuple[type[Exception], Callable[[], str]]] = []
-        self._zeros: list[Tensor] = []  # int32 flags, 0 when fine (kernels' own checks: no kernel to compare them)
-        self._zero_errors: list[tuple[type[Exception], Callable[[], str]]] = []
+        self._free: dict[torch.device, tuple[Tensor, int]] = {}  # per device: its buffer and the next free slot
+        self._full: list[tuple[Tensor, int]] = []  # buffers filled up since the last send, with their used slots
+        self._slot_errors: list[tuple[type[Exception], Callable[[], str]]] = []  # in slot order, buffer by buffer
         self._inflight: list[tuple[Tensor, Any, list[tuple[type[Exception], Callable[[], str]]]]] = []
 
     def expect(self, ok: Tensor, error: type[Exception], message: Callable[[], str]) -> None:
@@ -69,13 +87,18 @@ class Deferred:
         self._flags.append(ok.reshape(()))
         self._errors.append((error, message))
 
-    def expect_zero(self, flag: Tensor, error: type[Exception], message: Callable[[], str]) -> None:
-        """Record a one-element int32 flag, 0 when fine, and the error to raise if it is not."""
-        self._zeros.append(flag.reshape(()))
-        self._zero_errors.append((error, message))
+    def flag(self, device: torch.device, error: type[Exception], message: Callable[[], str]) -> Flag:
+        """A zeroed slot on `device` for a kernel to set where its check fails, and the error to raise then."""
+        buf, used = self._free.get(device) or (torch.zeros(self.SLOTS, dtype=torch.int32, device=device), 0)
+        if used == self.SLOTS:
+            self._full.append((buf, used))
+            buf, used = torch.zeros(self.SLOTS, dtype=torch.int32, device=device), 0
+        self._free[device] = (buf, used + 1)
+        self._slot_errors.append((error, message))
+        return Flag(buf, used, error, message)
 
     def __len__(self) -> int:
-        return len(self._flags) + len(self._zeros) + sum(len(errors) for _, _, errors in self._inflight)
+        return len(self._flags) + len(self._slot_errors) + sum(len(errors) for _, _, errors in self._inflight)
 
     def raise_pending(self) -> None:
         """Read every recorded verdict (one host synchronization for all of them) and raise the first that failed."""
@@ -95,12 +118,15 @@ class Deferred:
             self._raise_first(host, errors)
 
     def _send(self) -> None:
-        parts = ([torch.stack(self._flags)] if self._flags else []) + \
-                ([torch.stack(self._zeros).eq(0)] if self._zeros else [])  # one comparison for all the int flags
+        used = self._full + [(buf, n) for buf, n in self._free.values() if n]
+        parts = ([torch.stack(self._flags)] if self._flags else []) + [buf[:n].eq(0) for buf, n in used]
         if not parts:
             return
-        flags, errors = torch.cat(parts), self._errors + self._zero_errors  # (n,) bool, on the device of the checks
-        self._flags, self._errors, self._zeros, self._zero_errors = [], [], [], []
+        flags, errors = torch.cat(parts), self._errors + self._slot_errors  # (n,) bool, on the device of the checks
+        for buf, n in used:  # after the comparison, in stream order: the slots are free again
+            buf[:n].zero_()
+        self._flags, self._errors, self._full, self._slot_errors = [], [], [], []
+        self._free = {device: (buf, 0) for device, (buf, _) in self._free.items()}
         if flags.device.type == "cpu":
             self._inflight.append((flags, None, errors))
             return
@@ -118,12 +144,18 @@ class Deferred:
             raise error(message())
 
 
-def expect_zero(flag: Tensor, ctx: "Context", error: type[Exception], message: Callable[[], str]) -> None:
-    """Raise error(message()) if the one-element int32 `flag` (a kernel's) is not 0: now, or under `ctx.deferred`."""
+def new_flag(ctx: "Context", device: torch.device, error: type[Exception], message: Callable[[], str]) -> Flag:
+    """A zeroed int32 slot for a kernel's own check (error(message()) if the kernel sets it): a slot of
+    `ctx.deferred`'s buffer, read with the step's other verdicts, or a fresh one that `settle` reads at once."""
     if ctx.deferred is not None:
-        ctx.deferred.expect_zero(flag, error, message)
-    elif int(flag):
-        raise error(message())
+        return ctx.deferred.flag(device, error, message)
+    return Flag(torch.zeros(1, dtype=torch.int32, device=device), 0, error, message)
+
+
+def settle(flag: Flag, ctx: "Context") -> None:
+    """After the kernel: raise its error now if it set the flag, unless `ctx.deferred` reads it later."""
+    if ctx.deferred is None and int(flag.buf[flag.index]):
+        raise flag.error(flag.message())
 
 
 def expect_finite(t: Tensor, ctx: "Context", error: type[Exception], message: Callable[[], str],
@@ -133,7 +165,12 @@ def expect_finite(t: Tensor, ctx: "Context", error: type[Exception], message: Ca
     if not t.numel():
         return
     if ctx.deferred is not None:
-        ctx.deferred.expect(torch.isfinite(t).all(), error, message)
+        from . import triton_int  # imports this module
+
+        if triton_int.screens(t):  # one kernel and a slot, not five kernels and a verdict tensor
+            triton_int.screen(t, ctx.deferred.flag(t.device, error, message))
+        else:
+            ctx.deferred.expect(torch.isfinite(t).all(), error, message)
     elif has_nonfinite(t):
         raise error(message() + (detail() if detail else ""))
 

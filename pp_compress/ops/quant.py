@@ -23,8 +23,8 @@ from torch import Tensor
 
 from . import fused, hadamard, triton_int
 from .bits import pack_bits, packed_nbytes, unpack_bits
-from .base import (Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite, expect_zero,
-                   input_message)
+from .base import (Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite, input_message, new_flag,
+                   settle)
 from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, check_kernel, check_per, check_scale, from_groups, group_dims,
                      round_down, round_scale, safe_scale, to_groups)
 
@@ -135,12 +135,15 @@ class IntQuant(Compressor):
         size = 0 if on_device else self._fused_rot_size(tuple(x.shape), x, n)
         if on_device:  # one kernel: [rotation], scales, rounding, packing
             key = ctx.noise_key("int") if c.stoch else None
-            codes, scale, flag = triton_int.sym_encode(x, c.bits, SCALE_DTYPES[c.scale], n, ctx.noise_key("rot"), key,
-                                                       check=self.nonfinite == "raise" and c.scale != "fp16")
-            if flag is not None:  # the kernel looked for NaN/Inf in x; scales in bf16 or fp32 cannot overflow
-                expect_zero(flag, ctx, FloatingPointError, input_message(ctx))
-                return Payload((codes, scale), x.shape, x.dtype)
+            # the kernel looks for NaN/Inf in x itself; scales in bf16 or fp32 cannot overflow
+            flag = new_flag(ctx, x.device, FloatingPointError, input_message(ctx)) if (
+                self.nonfinite == "raise" and c.scale != "fp16") else None
+            codes, scale = triton_int.sym_encode(x, c.bits, SCALE_DTYPES[c.scale], n,
+                                                 ctx.noise_key("rot") if n else 0, key, flag)
             p = Payload((codes, scale), x.shape, x.dtype)
+            if flag is not None:
+                settle(flag, ctx)
+                return p
         elif size:  # one pass: each unit rotated in cache and quantized from there (the same codes as below)
             d = hadamard.signs(x.shape[-1], ctx.noise_key("rot"), x.device)  # (last,)
             key = ctx.noise_key("int") if c.stoch else None
@@ -164,10 +167,12 @@ class IntQuant(Compressor):
         n = c.rot_block(shape, ctx.name)
         codes = payload.tensors[0]
         if self._on_device(codes, shape[-1] if shape else 1, n):
-            out, flag = triton_int.sym_decode(codes, payload.tensors[1], shape, payload.dtype, c.bits, n,
-                                              ctx.noise_key("rot"), check=self.nonfinite == "raise")
+            flag = new_flag(ctx, codes.device, FloatingPointError, self.output_message(ctx, payload.dtype)) if (
+                self.nonfinite == "raise") else None
+            out = triton_int.sym_decode(codes, payload.tensors[1], shape, payload.dtype, c.bits, n,
+                                        ctx.noise_key("rot") if n else 0, flag)
             if flag is not None:
-                expect_zero(flag, ctx, FloatingPointError, self.output_message(ctx, payload.dtype))
+                settle(flag, ctx)
             return out
         if not n:
             return self._dequantize(payload)

@@ -11,9 +11,12 @@ The operations are the eager reference's (ops/quant.py, ops/hadamard.py's butter
 order and with the same IEEE roundings (division `div_rn`; `enable_fp_fusion=False`, since a multiply-add contracted
 into one rounding would differ), so codes, scales and outputs are the reference's bitwise.
 
-The finiteness checks ride along: a row holding NaN/Inf gets a non-finite scale (so the encoder's input check reads
-the scales, not x again), and the decoder raises a flag where an output is not finite in its dtype (so the receiver's
-check reads one number, not the output again).
+The finiteness checks ride along: the encoder sets a flag (a slot of ops/base.py's `Flag`) where a value of x is NaN/Inf
+and gives that row a NaN scale, as the reference does; the decoder sets one where an output is not finite in its dtype.
+Neither side reads x or the output again for the check. `screen` is the same check alone, for the operators without
+kernels of their own: one pass, where torch.isfinite(t).all() takes five kernels.
+
+The kernels launch through ops/triton_launch.py, which calls each compiled kernel directly after its first launch.
 
 `TRITON_INTERPRET=1` (set before this module is imported) runs the kernels on CPU tensors: the test suite checks them
 there against the eager reference. The operators call them on CUDA tensors only (`usable`).
@@ -27,7 +30,9 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from .base import Flag
 from .groups import ROUND_UP
+from .triton_launch import launch
 
 MAX_TILE = 1 << 15
 """Largest row (elements) a program holds in registers; longer rows run the eager reference."""
@@ -44,6 +49,7 @@ def available() -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=256)  # asked several times per message, for a handful of row lengths
 def tile(last: int, rot: int) -> tuple[int, int]:
     """(P, N): the row's tile, N the rotation block or the largest power of two <= AUTO_BLOCK dividing `last`."""
     n = rot
@@ -54,6 +60,7 @@ def tile(last: int, rot: int) -> tuple[int, int]:
     return 1 << max(0, math.ceil(math.log2(last // n))), n
 
 
+@functools.lru_cache(maxsize=256)
 def supports(last: int, bits: int, rot: int) -> bool:
     """Whether rows of `last` values take these kernels: packed widths need whole bytes of 8 codes per row and tile
     columns, and the tile must fit MAX_TILE."""
@@ -68,6 +75,7 @@ def usable(like: Tensor, last: int, bits: int, rot: int) -> bool:
     return like.is_cuda and like.numel() > 0 and supports(last, bits, rot) and available()
 
 
+@functools.lru_cache(maxsize=256)
 def _warps(p: int, n: int) -> int:
     return max(1, min(16, p * n // 256))
 
@@ -79,35 +87,75 @@ def _kernels() -> ModuleType:
     return _triton_int_kernels
 
 
+@functools.lru_cache(maxsize=1024)
+def _encode_plan(last: int, bits: int, scale_dtype: torch.dtype, rot: int, stoch: bool, check: bool) -> tuple[tuple, int]:
+    """(the encode kernel's constexprs, its warps): the same few per boundary, worked out once."""
+    p, n = tile(last, rot)
+    return (last, p, n, bits, bool(rot), stoch, ROUND_UP[scale_dtype], 1 / math.sqrt(n), n.bit_length() - 1,
+            check), _warps(p, n)
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode_plan(last: int, bits: int, rot: int, check: bool) -> tuple[tuple, int]:
+    """(the decode kernel's constexprs, its warps)."""
+    p, n = tile(last, rot)
+    return (last, p, n, bits, bool(rot), 1 / math.sqrt(n), n.bit_length() - 1, check), _warps(p, n)
+
+
 def sym_encode(x: Tensor, bits: int, scale_dtype: torch.dtype, rot: int = 0, rot_key: int = 0,
-               key: int | None = None, check: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+               key: int | None = None, flag: Flag | None = None) -> tuple[Tensor, Tensor]:
     """Codes (ceil(numel * bits / 8),) uint8 and one scale per row (rows,) in `scale_dtype` of x (..., last), as
     ops/quant.py's per-row reference; `rot` the Hadamard block and `rot_key` its signs' key (ops/hadamard.py), `key`
-    the stochastic rounding's noise key (None: round to nearest). With `check`, also a one-element int32 flag, 0 when
-    every value of x is finite (checked in the same pass)."""
+    the stochastic rounding's noise key (None: round to nearest). With `flag`, the kernel also sets it where a value
+    of x is not finite (checked in the same pass)."""
     last = x.shape[-1]
     rows = x.numel() // last
-    p, n = tile(last, rot)
+    consts, warps = _encode_plan(last, bits, scale_dtype, rot, key is not None, flag is not None)
     x = x.contiguous()
     codes = torch.empty(x.numel() * bits // 8, dtype=torch.int8 if bits == 8 else torch.uint8, device=x.device)
     scale = torch.empty(rows, dtype=scale_dtype, device=x.device)  # (rows,)
-    flag = torch.zeros(1, dtype=torch.int32, device=x.device) if check else None
-    _kernels().encode[(rows,)](x, codes, scale, flag if check else scale, rot_key, key or 0, last, p, n, bits,
-                               bool(rot), key is not None, ROUND_UP[scale_dtype], 1 / math.sqrt(n),
-                               n.bit_length() - 1, check, num_warps=_warps(p, n), enable_fp_fusion=False)
-    return codes.view(torch.uint8), scale, flag
+    launch(_kernels().encode, rows, (x, codes, scale, flag.buf if flag else scale),
+           (rot_key, key or 0, flag.index if flag else 0), consts, warps)
+    return codes.view(torch.uint8), scale
 
 
 def sym_decode(codes: Tensor, scale: Tensor, shape: tuple[int, ...], dtype: torch.dtype, bits: int, rot: int = 0,
-               rot_key: int = 0, check: bool = False) -> tuple[Tensor, Tensor | None]:
-    """Inverse of sym_encode: the tensor of `shape` in `dtype` from codes and per-row scales; with `check`, also a
-    one-element int32 flag, 0 when every output value is finite (checked in the same pass)."""
-    last = shape[-1]
+               rot_key: int = 0, flag: Flag | None = None) -> Tensor:
+    """Inverse of sym_encode: the tensor of `shape` in `dtype` from codes and per-row scales; with `flag`, the kernel
+    also sets it where an output value is not finite (checked in the same pass)."""
     out = torch.empty(shape, dtype=dtype, device=codes.device)
-    flag = torch.zeros(1, dtype=torch.int32, device=codes.device) if check else None
-    rows = out.numel() // last
-    p, n = tile(last, rot)
-    _kernels().decode[(rows,)](codes.view(torch.int8) if bits == 8 else codes, scale, out, flag if check else out,
-                               rot_key, last, p, n, bits, bool(rot), 1 / math.sqrt(n), n.bit_length() - 1, check,
-                               num_warps=_warps(p, n), enable_fp_fusion=False)
-    return out, flag
+    consts, warps = _decode_plan(shape[-1], bits, rot, flag is not None)
+    launch(_kernels().decode, out.numel() // shape[-1], (codes.view(torch.int8) if bits == 8 else codes, scale, out,
+                                                         flag.buf if flag else out), (rot_key, flag.index if flag else 0),
+           consts, warps)
+    return out
+
+
+SCREEN_BLOCK = 4096
+EXPONENTS = {torch.float32: (torch.int32, 0x7F800000), torch.bfloat16: (torch.int16, 0x7F80),
+             torch.float16: (torch.int16, 0x7C00)}
+"""Per dtype: the integers of its width, and its exponent mask (all ones: NaN or Inf)."""
+
+
+def screens(t: Tensor) -> bool:
+    """Whether `screen` takes this tensor here: a contiguous CUDA tensor of a dtype in EXPONENTS, with Triton."""
+    return t.is_cuda and t.dtype in EXPONENTS and t.is_contiguous() and available()
+
+
+def screen(t: Tensor, flag: Flag) -> None:
+    """Set `flag` where a value of `t` is NaN/Inf: one kernel reading t once (torch.isfinite(t).all() is 5)."""
+    idt, exp = EXPONENTS[t.dtype]
+    n = t.numel()
+    launch(_kernels().screen, -(-n // SCREEN_BLOCK), (t.view(idt), flag.buf), (n, flag.index), (SCREEN_BLOCK, exp), 4)
+
+
+def sums(x: Tensor, y: Tensor) -> bool:
+    """Whether `error_sums` takes this pair here: contiguous CUDA float tensors of one size, with Triton."""
+    return (x.is_cuda and y.is_cuda and x.dtype in EXPONENTS and y.dtype in EXPONENTS and x.numel() == y.numel()
+            and x.is_contiguous() and y.is_contiguous() and available())
+
+
+def error_sums(x: Tensor, y: Tensor, acc: Tensor) -> None:
+    """acc (2,) fp64 += (||x - y||^2, ||x||^2): one kernel reading x and y once (the statistics' relative error)."""
+    n = x.numel()
+    launch(_kernels().error_sums, -(-n // SCREEN_BLOCK), (x, y, acc), (n,), (SCREEN_BLOCK,), 4)

@@ -89,3 +89,31 @@ def test_poll_raises_a_failed_verdict_once_it_is_on_the_host_and_only_once():
         deferred.poll()
     deferred.poll()
     deferred.raise_pending()  # read once: nothing is left
+
+
+def test_kernel_flags_take_slots_that_are_read_with_the_other_verdicts_and_zeroed(monkeypatch):
+    monkeypatch.setattr(Deferred, "SLOTS", 3)  # a step's flags fill more than one buffer
+    deferred, cpu = Deferred(), torch.device("cpu")
+    flags = [deferred.flag(cpu, FloatingPointError, lambda i=i: f"flag {i}") for i in range(7)]
+    deferred.expect(torch.tensor(True), FloatingPointError, lambda: "verdict")
+    assert [f.index for f in flags] == [0, 1, 2, 0, 1, 2, 0] and len({id(f.buf) for f in flags}) == 3
+    assert len(deferred) == 8
+    flags[4].buf[flags[4].index] = 1  # as a kernel sets its slot
+    with pytest.raises(FloatingPointError, match="^flag 4$"):
+        deferred.raise_pending()
+    assert all(int(f.buf.abs().sum()) == 0 for f in flags)  # read and zeroed
+    again = deferred.flag(cpu, FloatingPointError, lambda: "next step")
+    assert again.index == 0 and again.buf is flags[6].buf  # the current buffer is reused from its first slot
+    deferred.raise_pending()  # all fine
+
+
+def test_a_flag_without_a_deferred_is_its_own_slot_and_settles_at_once():
+    from pp_compress.ops.base import new_flag, settle
+
+    flag = new_flag(ppc.Context(), torch.device("cpu"), ValueError, lambda: "corrupt")
+    settle(flag, ppc.Context())
+    flag.buf[flag.index] = 1
+    with pytest.raises(ValueError, match="^corrupt$"):
+        settle(flag, ppc.Context())
+    deferred = Deferred()
+    settle(flag, ppc.Context(deferred=deferred))  # deferred: read with the step's verdicts, not here

@@ -64,6 +64,26 @@ def sync_check(step: Callable[[], None]) -> str:
         torch.cuda.set_sync_debug_mode(0)
 
 
+def profile(spec: str, step: Callable[[], None], device: torch.device, top: int = 12) -> list[str]:
+    """Markdown lines: the operators with the most device time and the most host time over 2 steps of `spec`."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch_profile(activities=acts) as prof:
+        for _ in range(2):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    events = prof.key_averages()
+    lines = ["", f"Profile of 2 steps of `{spec}` (self time per step, ms):", "", "| operator | calls | device ms | host ms |",
+             "|---|---|---|---|"]
+    for key in ("self_device_time_total", "self_cpu_time_total"):
+        for e in sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]:
+            lines.append(f"| {e.key[:60]} | {e.count // 2} | {e.self_device_time_total / 2e3:.3f} | "
+                         f"{e.self_cpu_time_total / 2e3:.3f} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", action="append", default=None, help="specs (default none, identity, int8, safe, aggressive)")
@@ -75,6 +95,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--layers", type=int, default=None, help="fewer blocks (a quick check; the cuts must fit)")
     ap.add_argument("--sync-check", action="store_true", help="one more step per spec under sync debug mode 'error'")
+    ap.add_argument("--profile", action="append", default=[], metavar="SPEC",
+                    help="also profile 2 steps of SPEC: the operators with the most device and host time")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     specs = args.spec or ["none", "identity", "int8", "safe", "aggressive"]
@@ -112,6 +134,10 @@ def main() -> None:
         ratio = f"{sum(b.stats['act'].wire_bytes for b in boundaries) / raw:.3f}" if raw else ""
         lines.append(f"| `{spec}` | {t * 1e3:.2f} | {t / base - 1:+.1%} | {ratio} | {syncs} |")
         print(lines[-1], flush=True)
+    for spec in args.profile:
+        if spec not in runs:
+            raise SystemExit(f"--profile {spec}: not among the specs run ({', '.join(runs)})")
+        lines += profile(spec, runs[spec][0], device)
     out = args.out or BENCH / f"train_step_{device.type}_{args.dtype}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pp_compress as ppc
-from pp_compress.ops.base import layout_nbytes
+from pp_compress.ops.base import Flag, layout_nbytes
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 PRESETS = ["int8", "nf6", "int3:stoch", "nf5", "nf2:stoch", "int4:rot", "tile:3.5", "topk:0.1", "vq:4", "vq:3"]
@@ -113,5 +113,44 @@ def test_the_triton_kernels_take_fp16_and_report_non_finite_rows():
     op, eager, ctx = ppc.build("int8:rot"), ppc.build("int8:rot:kernel=eager"), ppc.Context()
     assert all(torch.equal(a, b) for a, b in zip(op.compress(x, ctx).tensors, eager.compress(x, ctx).tensors))
     x[3, 7] = float("nan")
-    _, scale, flag = triton_int.sym_encode(x, 8, torch.bfloat16, 256, 3, check=True)
-    assert (~torch.isfinite(scale)).nonzero().flatten().tolist() == [3] and flag.tolist() == [1]
+    flag = Flag(torch.zeros(2, dtype=torch.int32, device="cuda"), 1, FloatingPointError, lambda: "bad")
+    _, scale = triton_int.sym_encode(x, 8, torch.bfloat16, 256, 3, flag=flag)
+    assert (~torch.isfinite(scale)).nonzero().flatten().tolist() == [3] and flag.buf.tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("spec", ["int8", "int8:rot", "int3:stoch"])
+def test_the_launch_cache_keeps_misaligned_tensors_and_small_keys_apart(spec):
+    """Compiled kernels are reused by a key of what Triton specializes on: a view 4 bytes off 16-byte alignment and
+    keys below 2**31 (i32, not i64) must get their own kernels and still give the reference's bits."""
+    from pp_compress.ops import triton_int
+
+    op, eager = ppc.build(spec), ppc.build(f"{spec}:kernel=eager")
+    flat = torch.randn(4 * 512 + 1, device="cuda")
+    for x in (flat[:-1].view(4, 512), flat[1:].view(4, 512)):  # aligned, then 4 bytes off
+        for seed in (0, 1, 2):  # noise keys vary; some runs meet small ones below
+            ctx = ppc.Context(seed=seed, step=1)
+            assert op._on_device(x, 512, op.config.rot_block((4, 512), "t")) and triton_int.available()
+            want, got = eager.compress(x, ctx), op.compress(x, ctx)
+            assert all(torch.equal(a, b) for a, b in zip(got.tensors, want.tensors)), (spec, x.data_ptr() % 16, seed)
+            assert torch.equal(op.decompress(got, ctx), eager.decompress(want, ctx))
+    x = flat[:-1].view(4, 512)
+    sent = []
+    for rkey in (5, 2**40):  # one kernel taking an i32 key, then an i64 one
+        codes, scale = triton_int.sym_encode(x, 8, torch.bfloat16, 512, rkey)
+        y = triton_int.sym_decode(codes, scale, (4, 512), torch.float32, 8, 512, rkey)
+        assert float((y - x).norm() / x.norm()) < 0.01, rkey  # each decodes with its own signs
+        sent.append(codes)
+    assert not torch.equal(*sent)  # and the keys reached the kernel
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_screen_kernel_finds_nan_and_inf_on_the_device(dtype):
+    from pp_compress.ops import triton_int
+
+    x = torch.randn(3 * 4096 + 5, device="cuda").to(dtype)
+    flag = Flag(torch.zeros(4, dtype=torch.int32, device="cuda"), 3, FloatingPointError, lambda: "bad")
+    triton_int.screen(x, flag)
+    assert flag.buf.tolist() == [0, 0, 0, 0]
+    x[-2] = float("inf")
+    triton_int.screen(x, flag)
+    assert flag.buf.tolist() == [0, 0, 0, 1]

@@ -18,7 +18,8 @@ else:
     os.environ["TRITON_INTERPRET"] = _before
 
 import pp_compress as ppc  # noqa: E402
-from pp_compress.ops import triton_int  # noqa: E402
+from pp_compress.ops import triton_int, triton_launch  # noqa: E402
+from pp_compress.ops.base import Deferred, Flag  # noqa: E402
 from pp_compress.ops.base import layout_nbytes  # noqa: E402
 
 SPECS = ["int8", "int8:rot", "int8:stoch", "int4", "int4:rot", "int3:rot:stoch", "int2:stoch", "int5:rot",
@@ -78,13 +79,72 @@ def test_which_rows_the_kernels_take():
     assert triton_int.tile(576, 64) == (16, 64) and triton_int.tile(2048, 0) == (8, 256) and triton_int.tile(37, 0) == (64, 1)
 
 
-def test_a_non_finite_row_gets_a_non_finite_scale(interpreted):
+def flag(slots=3, index=1):
+    return Flag(torch.zeros(slots, dtype=torch.int32), index, FloatingPointError, lambda: "bad")
+
+
+def test_a_non_finite_row_gets_a_non_finite_scale_and_sets_its_flag(interpreted):
     x = sample((4, 64), torch.float32)
     x[1, 3] = float("nan")
     x[2, 7] = float("inf")
-    codes, scale, flag = triton_int.sym_encode(x, 8, torch.bfloat16, 64, 11, None, check=True)
-    assert torch.isfinite(scale).tolist() == [True, False, False, True] and flag.tolist() == [1]
-    assert triton_int.sym_encode(x[[0, 3]], 8, torch.bfloat16, 64, 11, None, check=True)[2].tolist() == [0]
+    f = flag()
+    codes, scale = triton_int.sym_encode(x, 8, torch.bfloat16, 64, 11, None, f)
+    assert torch.isfinite(scale).tolist() == [True, False, False, True] and f.buf.tolist() == [0, 1, 0]
+    f = flag(index=2)
+    triton_int.sym_encode(x[[0, 3]], 8, torch.bfloat16, 64, 11, None, f)
+    assert f.buf.tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [1, 4096, 2 * 4096 + 3])
+def test_the_screen_kernel_finds_any_nan_or_inf(dtype, n):
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype) * 1000
+    x[0] = torch.finfo(dtype).max  # the largest finite value is fine
+    f = flag(index=0)
+    triton_int.screen(x, f)
+    assert f.buf.tolist() == [0, 0, 0]
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        y = x.clone()
+        y[-1] = bad  # in the last block, past the others
+        f = flag(index=2)
+        triton_int.screen(y, f)
+        assert f.buf.tolist() == [0, 0, 1], (dtype, n, bad)
+
+
+def test_deferred_checks_of_other_operators_take_the_screen_kernel(monkeypatch):
+    monkeypatch.setattr(triton_int, "screens", lambda t: t.dtype in triton_int.EXPONENTS and t.is_contiguous())
+    screened, screen = [], triton_int.screen
+    monkeypatch.setattr(triton_int, "screen", lambda t, f: screened.append(t.dtype) or screen(t, f))
+    op, deferred = ppc.build("bf16"), Deferred()
+    x = sample((4, 64), torch.float32)
+    ctx = ppc.Context(name="boundary1.act", step=2, deferred=deferred)
+    op.decompress(op.compress(x, ctx), ctx)
+    deferred.raise_pending()  # fine
+    assert screened == [torch.float32, torch.float32]  # the sender's input, the receiver's output
+    x[2, 2] = float("nan")
+    op.compress(x, ctx)
+    with pytest.raises(FloatingPointError, match=r"boundary1\.act: input has NaN/Inf values at step 2"):
+        deferred.raise_pending()
+
+
+def test_the_launch_cache_key_tells_apart_what_triton_specializes_on():
+    """Two launches with one key must get one compiled kernel: the key is at least as fine as Triton's own
+    specialization of the arguments (pointers: dtype and 16-byte alignment; do_not_specialize ints: their type)."""
+    native = pytest.importorskip("triton._C.libtriton").native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    base = torch.zeros(64)
+    tensors = [base, base[1:], base[4:], base[2:], base.to(torch.bfloat16)[1:], base.to(torch.bfloat16)[8:],
+               base.to(torch.uint8)[3:], base.to(torch.int8)]
+    ints = [0, 1, 5, 16, 2**31 - 1, 2**31, 2**40, 2**63 - 1, 2**63]
+    seen: dict = {}
+    for t in tensors:
+        ours = triton_launch.key(None, 0, 4, (t,), (), ())[4]
+        assert seen.setdefault(ours, native(CUDABackend, t, False, True, True)) == native(CUDABackend, t, False, True, True)
+    for v in ints:
+        ours = triton_launch.key(None, 0, 4, (), (v,), ())[5]
+        assert seen.setdefault(ours, native(CUDABackend, v, False, False, True)) == native(CUDABackend, v, False, False, True)
+    assert len(seen) == 6 + 3  # fp32 and bf16 aligned or not, uint8 not, int8 aligned; i32, i64, u64
 
 
 def test_a_non_finite_input_is_reported_like_the_reference(interpreted):
@@ -126,8 +186,9 @@ for dtype, bits, rot, stoch, last in [("fp32", 8, 256, False, 2048), ("bf16", 8,
     const = {"LAST": last, "P": p, "N": n, "BITS": bits, "ROT": bool(rot), "INV": 1 / math.sqrt(n), "LOGN": n.bit_length() - 1}
     codes = "*i8" if bits == 8 else "*u8"
     enc = {"x_ptr": f"*{dtype}", "codes_ptr": codes, "scale_ptr": "*bf16", "flag_ptr": "*i32", "rkey": "i64", "key": "i64",
+           "slot": "i32",
            **{k: "constexpr" for k in [*const, "STOCH", "BUMP", "FLAG"]}}
-    dec = {"codes_ptr": codes, "scale_ptr": "*bf16", "out_ptr": f"*{dtype}", "flag_ptr": "*i32", "rkey": "i64",
+    dec = {"codes_ptr": codes, "scale_ptr": "*bf16", "out_ptr": f"*{dtype}", "flag_ptr": "*i32", "rkey": "i64", "slot": "i32",
            **{k: "constexpr" for k in [*const, "FLAG"]}}
     options = {"num_warps": _warps(p, n), "enable_fp_fusion": False}
     for fn, sig, c in [(K.encode, enc, {**const, "STOCH": stoch, "BUMP": 2.0**-7, "FLAG": True}), (K.decode, dec, {**const, "FLAG": True})]:
@@ -135,6 +196,10 @@ for dtype, bits, rot, stoch, last in [("fp32", 8, 256, False, 2048), ("bf16", 8,
         ptx = compile(ASTSource(fn, sig, c, aligned), target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
         assert "fma.rn.f32" not in ptx and "div.full" not in ptx, (fn, dtype, bits)  # IEEE roundings, as the reference
         assert fn is K.decode or last < 576 or "ld.global.v4" in ptx, (dtype, bits)  # vector loads of x
+for bits, exp in [("*i32", 0x7F800000), ("*i16", 0x7F80)]:
+    sig = {"bits_ptr": bits, "flag_ptr": "*i32", "n": "i32", "slot": "i32", "BLOCK": "constexpr", "EXP": "constexpr"}
+    compile(ASTSource(K.screen, sig, {"BLOCK": 4096, "EXP": exp}, {(0,): [["tt.divisibility", 16]]}),
+            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 print("compiled")
 """
 
@@ -175,3 +240,15 @@ def test_under_nonfinite_allow_the_device_path_does_what_the_reference_does(inte
         except FloatingPointError as e:
             outcomes.append(("raised", str(e).replace(":kernel=eager", "")))
     assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_error_sums_kernel_adds_the_squared_error_and_norm(dtype):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3 * 4096 + 7, generator=gen).to(dtype)
+    y = (x.float() + 0.01 * torch.randn(x.shape, generator=gen)).to(dtype)
+    acc = torch.zeros(2, dtype=torch.float64)
+    triton_int.error_sums(x, y, acc)
+    triton_int.error_sums(x, y, acc)  # accumulates
+    want = torch.stack([((x.double() - y.double()) ** 2).sum(), (x.double() ** 2).sum()]) * 2
+    torch.testing.assert_close(acc, want, rtol=1e-5, atol=0)
