@@ -56,7 +56,7 @@ def main() -> None:
         train_ds = train_ds.select(range(args.train_sequences))
     cfg, bases = train.with_bottleneck(args, cfg, ckpt, train_ds)
     torch.manual_seed(args.seed)  # weights depend on --seed only (not on what ran before, e.g. a cold cache)
-    module = pipeline_module(cfg, args.stages, checkpoint=ckpt, bases=bases)
+    module = pipeline_module(cfg, args.stages, checkpoint=ckpt, bases=bases, dualpipev=args.dualpipev)
     meta = {**cfg.to_dict(), "tokenizer": args.tokenizer or str(ckpt), "base_checkpoint": str(ckpt)}
     train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)
     train.finish()

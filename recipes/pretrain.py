@@ -63,7 +63,7 @@ def main() -> None:
     if args.engine == "torch":
         torch_engine.train(args, cfg, meta, train_ds, val_ds, data.batches, data.eval_batches, bases)
     else:
-        module = pipeline_module(cfg, args.stages, tp=args.tp, bases=bases)
+        module = pipeline_module(cfg, args.stages, tp=args.tp, bases=bases, dualpipev=args.dualpipev)
         train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)
     train.finish()
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 from pp_lab.paths import ROOT
 JOB_MARK = "PP_COMPRESS_JOB"
@@ -23,10 +24,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", timeout: int = 240,
-            env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run `script` on nproc CPU processes (gloo); returns (exit code, combined log). A job that runs past `timeout`
-    is killed, ranks and all, and raises TimeoutError."""
+def start_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", env: dict[str, str] | None = None,
+              log: Any = subprocess.PIPE) -> tuple[subprocess.Popen, str]:
+    """Start `script` on nproc CPU processes (gloo) without waiting: (the launcher's process, the job's mark for
+    `kill_job` / `rank_pids`). Its output goes to `log` (a pipe by default, or an open file)."""
     tag = uuid.uuid4().hex  # launchers start ranks in sessions of their own: find them by this mark
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
            JOB_MARK: tag, **(env or {})}
@@ -36,8 +37,16 @@ def run_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", ti
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", port, str(script), *args]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    return proc, tag
+
+
+def run_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", timeout: int = 240,
+            env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run `script` on nproc CPU processes (gloo); returns (exit code, combined log). A job that runs past `timeout`
+    is killed, ranks and all, and raises TimeoutError."""
+    proc, tag = start_job(script, nproc, *args, launcher=launcher, env=env)
     try:
         log, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -47,6 +56,21 @@ def run_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", ti
     finally:
         kill_job(tag)
     return proc.returncode, log
+
+
+def rank_pids(tag: str) -> dict[int, int]:
+    """{rank: pid} of the job's rank processes (those whose environment has RANK besides the job's mark)."""
+    mark, out = f"{JOB_MARK}={tag}".encode(), {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        ranks = [e[5:] for e in env if e.startswith(b"RANK=")]
+        if mark in env and ranks and ranks[0].isdigit():
+            out[int(ranks[0])] = int(pid)
+    return out
 
 
 def kill_job(tag: str) -> None:

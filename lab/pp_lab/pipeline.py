@@ -12,11 +12,21 @@ from pp_lab.model import Block, Embedding, GPTConfig, Head, lm_loss, tied_logits
 
 def pipeline_module(cfg: GPTConfig, num_stages: int, checkpoint: str | Path | None = None,
                     partition_method: str = "type:Block", activation_checkpoint_interval: int = 0, tp: int = 1,
-                    bases: dict[int, Basis] | None = None) -> Any:
+                    bases: dict[int, Basis] | None = None, dualpipev: bool = False) -> Any:
     """The same layers as a deepspeed.pipe.PipelineModule; each stage builds (and loads) only its own. With tp > 1
     the blocks are Megatron-style tensor-parallel (lab/pp_lab/tp.py) over DeepSpeed's PP x TP x DP topology.
-    `bases`: the bottleneck's initial (mu, U) per cut, for a cfg with a bottleneck."""
+    `bases`: the bottleneck's initial (mu, U) per cut, for a cfg with a bottleneck. `dualpipev`: a DualPipeVModule
+    (DeepSpeed 0.19.7 and later), 2 x num_stages stages of a V over num_stages ranks."""
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+    cls = PipelineModule
+    if dualpipev:
+        if tp > 1:
+            raise ValueError("dualpipev with tensor parallelism is not supported; use tp=1")
+        try:
+            from deepspeed.runtime.pipe.dualpipev import DualPipeVModule as cls
+        except ModuleNotFoundError:
+            raise SystemExit("--dualpipev needs DeepSpeed 0.19.7 or later (its DualPipeV engine)") from None
 
     topology: dict[str, Any] = {"num_stages": num_stages}
     if tp > 1:
@@ -32,5 +42,5 @@ def pipeline_module(cfg: GPTConfig, num_stages: int, checkpoint: str | Path | No
                  TiedLayerSpec("embed", Embedding, cfg, checkpoint, forward_fn=tied_logits)]
     else:
         specs = [LayerSpec(Embedding, cfg, checkpoint), *blocks, LayerSpec(Head, cfg, checkpoint)]
-    return PipelineModule(layers=specs, loss_fn=lm_loss, partition_method=partition_method,
-                          activation_checkpoint_interval=activation_checkpoint_interval, **topology)
+    return cls(layers=specs, loss_fn=lm_loss, partition_method=partition_method,
+              activation_checkpoint_interval=activation_checkpoint_interval, **topology)

@@ -4,16 +4,21 @@ The same GPT layers, cut where DeepSpeed cuts them (`model.stage_cuts`), one sta
 `pp_compress.torch_pipelining.CompressedPipelineStage` driven by torch's 1F1B schedule. What a torchtitan-style
 user adds to their own loop is the stage class and its `compression=` argument; everything else here is a plain
 loop: AdamW with the recipes' warm-up + cosine schedule, gradient clipping over the whole pipeline, metrics.jsonl
-and the compression table as lab/pp_lab/train.py writes them. It has no checkpoints: --resume and --save-every are
-DeepSpeed-engine options.
+and the compression table as lab/pp_lab/train.py writes them. Checkpoints (--save-every, --resume) are one file per
+rank, <out>/ckpt/global_step<N>/rank<r>.pt: the stage's weights, the optimizer and LR schedule, and the stage's
+compression state (`pp_compress_state_dict`), written atomically and read with `weights_only=True`; `latest` names
+the newest complete one, as in DeepSpeed's layout.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
+import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +28,7 @@ from tqdm import tqdm
 
 from pp_lab.bottleneck import Basis
 from pp_lab.model import GPTConfig, layers, lm_loss, stage_cuts
-from pp_lab.train import Logger, evaluate_batches
+from pp_lab.train import Logger, evaluate_batches, gather_digests, prune_checkpoints, rss_mb
 
 
 class Stage(nn.Module):
@@ -45,7 +50,7 @@ def check(args: argparse.Namespace) -> None:
     if not args.untied:
         raise SystemExit("--engine torch: tied embeddings need a gradient all-reduce between the first and the last "
                          "stage, which this loop does not do; add --untied")
-    bad = [f for f, on in (("--resume", args.resume), ("--save-every", args.save_every), ("--tp", args.tp > 1),
+    bad = [f for f, on in (("--dualpipev", args.dualpipev), ("--tp", args.tp > 1),
                            ("--subspace", args.subspace is not None), ("--bf16", args.bf16), ("--sbh", args.sbh),
                            ("--eval-at-start", args.eval_at_start)) if on]
     if bad:
@@ -76,20 +81,23 @@ def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_
                                               0.1 + 0.45 * (1 + math.cos(math.pi * (s - warm) / max(1, args.steps - warm))))
     args.out.mkdir(parents=True, exist_ok=True)
     main = rank == 0
-    if main and args.overwrite:  # check_args let an earlier run through only with --overwrite
+    ckpt = args.out / "ckpt"
+    if main and args.overwrite and not args.resume:  # check_args let an earlier run through only with --overwrite
         for name in ("metrics.jsonl", "metrics.csv", "summary.json", "run.json"):
             (args.out / name).unlink(missing_ok=True)
+        shutil.rmtree(ckpt, ignore_errors=True)
     dist.barrier()
-    log = Logger(args.out, main)
-    if main:
+    start = load(ckpt, rank, mod, opt, sched, stage) if args.resume else 0
+    log = Logger(args.out, main, start)
+    if main and start == 0:
         (args.out / "run.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "model": meta,
                                                        "pp_compress": str(compression), "engine": "torch",
                                                        "world": world, "stages": args.stages}, indent=1))
-    it = batches_fn(train_ds, args.micro_batch * args.grad_accum, args.seed)
+    it = batches_fn(train_ds, args.micro_batch * args.grad_accum, args.seed, skip=start)
     tokens_per_step = args.micro_batch * args.grad_accum * args.seq_len
-    bar = tqdm(total=args.steps, disable=not main, dynamic_ncols=True, unit="step")
+    bar = tqdm(total=args.steps, initial=start, disable=not main, dynamic_ncols=True, unit="step")
     val_loss, t0 = math.nan, time.perf_counter()
-    for step in range(1, args.steps + 1):
+    for step in range(start + 1, args.steps + 1):
         (ids, sample_ids), labels = next(it)
         losses: list[Tensor] = []
         opt.zero_grad()
@@ -105,7 +113,7 @@ def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_
             now = time.perf_counter()
             log.write({"kind": "train", "step": step, "tokens": step * tokens_per_step, "loss": loss,
                        "lr": sched.get_last_lr()[0], "step_s": (now - t0) / args.log_every,
-                       "tokens_per_s": args.log_every * tokens_per_step / (now - t0)})
+                       "tokens_per_s": args.log_every * tokens_per_step / (now - t0), "rss_mb": rss_mb()})
             bar.set_postfix(loss=f"{loss:.3f}")
             t0 = now
         if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
@@ -115,6 +123,9 @@ def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_
             log.write({"kind": "eval", "step": step, "tokens": step * tokens_per_step, "val_loss": val_loss,
                        "val_ppl": math.exp(min(val_loss, 50))})
             t0 = time.perf_counter()
+        if (args.save_every and step % args.save_every == 0) or step == args.steps:
+            save(ckpt, step, rank, mod, opt, sched, stage, args.keep_checkpoints)
+            t0 = time.perf_counter()
     bar.close()
     log.close()
     stats: list[dict] = [{}] * world
@@ -122,12 +133,46 @@ def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_
     merged = {k: v for rows in stats for k, v in rows.items() if v["calls"]}
     summary = {"final_val_loss": val_loss, "steps": args.steps, "pp_compress": str(compression), "engine": "torch",
                "stats": merged}
+    if args.digest:
+        summary["digest"] = gather_digests(mod.state_dict(), opt.state_dict(), stage.pp_compress_state_dict(),
+                                           sched.state_dict())
     if main:
         print(f"pp_compress {compression} (torch.distributed.pipelining, 1F1B):\n{format_table(dict(sorted(merged.items())))}",
               file=sys.stderr)
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(f"done: final val loss {val_loss:.4f}; metrics in {args.out / 'metrics.jsonl'}", file=sys.stderr)
     return summary
+
+
+def save(ckpt: Path, step: int, rank: int, mod: nn.Module, opt: Any, sched: Any, stage: Any, keep: int) -> None:
+    """This rank's checkpoint at `step`, written to a temporary file and renamed; once every rank has written its
+    own, rank 0 points `latest` at it (also by a rename) and prunes the older ones."""
+    folder = ckpt / f"global_step{step}"
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {"step": step, "model": mod.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+             "pp_compress": stage.pp_compress_state_dict()}
+    tmp = folder / f"rank{rank}.pt.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, folder / f"rank{rank}.pt")
+    dist.barrier()
+    if rank == 0:
+        (ckpt / "latest.tmp").write_text(folder.name)
+        os.replace(ckpt / "latest.tmp", ckpt / "latest")
+        prune_checkpoints(ckpt, keep)
+    dist.barrier()
+
+
+def load(ckpt: Path, rank: int, mod: nn.Module, opt: Any, sched: Any, stage: Any) -> int:
+    """Restore this rank from the checkpoint `latest` names; returns its step."""
+    if not (ckpt / "latest").exists():
+        raise SystemExit(f"--resume: no checkpoint in {ckpt}")
+    path = ckpt / (ckpt / "latest").read_text().strip() / f"rank{rank}.pt"
+    state = torch.load(path, weights_only=True, map_location="cpu")
+    mod.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    stage.load_pp_compress_state_dict(state["pp_compress"])
+    return int(state["step"])
 
 
 def _eval(schedule: Any, stage: Any, batch: Any) -> float:

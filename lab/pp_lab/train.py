@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import hashlib
 import importlib
 import json
 import math
@@ -65,6 +66,12 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
     ap.add_argument("--resume", action="store_true", help="continue from <out>/ckpt")
     ap.add_argument("--overwrite", action="store_true", help="discard an earlier run's metrics and checkpoints in --out")
     ap.add_argument("--eval-at-start", action="store_true", help="also evaluate before the first step (a fresh run)")
+    ap.add_argument("--digest", action="store_true",
+                    help="at the end, a sha256 of each rank's weights, optimizer state and compression state in "
+                         "summary.json (to check that a resumed run ends bitwise where an uninterrupted one does)")
+    ap.add_argument("--dualpipev", action="store_true",
+                    help="DeepSpeed's DualPipeV schedule: each rank holds two stages of a V (--stages ranks, 2 x --stages "
+                         "stages)")
     ap.add_argument("--bottleneck", type=int, default=None, metavar="K",
                     help="a learned bottleneck at every boundary (lab/pp_lab/bottleneck.py): the hidden state crosses "
                          "as K coordinates per token (then through --pp-compress) plus the first tokens in full")
@@ -217,7 +224,7 @@ class Logger:
     """
 
     FIELDS = ["step", "tokens", "loss", "lr", "tokens_per_s", "step_s", "act_wire_bytes", "grad_wire_bytes",
-              "act_raw_bytes", "grad_raw_bytes", "act_ratio", "grad_ratio", "act_rel_error", "grad_rel_error"]
+              "act_raw_bytes", "grad_raw_bytes", "act_ratio", "grad_ratio", "act_rel_error", "grad_rel_error", "rss_mb"]
 
     def __init__(self, out: Path, active: bool, start: int = 0) -> None:
         self.active = active
@@ -227,8 +234,10 @@ class Logger:
             self._truncate(out, start)
         self.jsonl = open(out / "metrics.jsonl", "a")
         new = not (out / "metrics.csv").exists()
+        # a resumed run keeps the columns its file started with (an older version may have logged fewer)
+        fields = self.FIELDS if new else (out / "metrics.csv").read_text().split("\n", 1)[0].strip().split(",")
         self.csv_file = open(out / "metrics.csv", "a", newline="")
-        self.csv = csv.DictWriter(self.csv_file, self.FIELDS, extrasaction="ignore")
+        self.csv = csv.DictWriter(self.csv_file, fields, extrasaction="ignore")
         if new:
             self.csv.writeheader()
         try:
@@ -273,6 +282,54 @@ class Logger:
         self.csv_file.close()
         if self.tb is not None:
             self.tb.close()
+
+
+def digest(*states: Any) -> str:
+    """sha256 of nested dicts / lists of tensors, numbers and strings (dict keys in sorted order): two states have
+    one digest exactly when every tensor's dtype, shape and bytes and every other value agree."""
+    h = hashlib.sha256()
+
+    def feed(v: Any) -> None:
+        if isinstance(v, torch.Tensor):
+            t = v.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(v, dict):
+            h.update(b"{")
+            for k in sorted(v, key=str):
+                h.update(repr(k).encode())
+                feed(v[k])
+            h.update(b"}")
+        elif isinstance(v, (list, tuple)):
+            h.update(b"[")
+            for x in v:
+                feed(x)
+            h.update(b"]")
+        else:
+            h.update(repr(v).encode())
+
+    for state in states:
+        feed(state)
+    return h.hexdigest()
+
+
+def gather_digests(*states: Any) -> list[str]:
+    """Every rank's digest(*states), in rank order, on every rank."""
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, digest(*states))
+    return out
+
+
+def rss_mb() -> float:
+    """The largest resident memory of any rank, in MiB (every rank calls it at the same step)."""
+    import psutil
+    import torch.distributed as dist
+
+    t = torch.tensor([psutil.Process().memory_info().rss / 2**20], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return round(float(t), 1)
 
 
 def wire_totals(engine: Any) -> dict[str, float]:
@@ -379,7 +436,8 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
             n = step - last["step"]
             row: dict[str, Any] = {"kind": "train", "step": step, "tokens": step * tokens_per_step,
                                    "loss": sum(losses) / len(losses), "lr": engine.get_lr()[0],
-                                   "step_s": (now - last["t"]) / n, "tokens_per_s": n * tokens_per_step / (now - last["t"])}
+                                   "step_s": (now - last["t"]) / n, "tokens_per_s": n * tokens_per_step / (now - last["t"]),
+                                   "rss_mb": rss_mb()}
             for d in ("act", "grad"):
                 raw, wire = (totals[f"{d}_{k}_bytes"] - last[f"{d}_{k}_bytes"] for k in ("raw", "wire"))
                 err, ref = (totals[f"{d}_{k}"] - last[f"{d}_{k}"] for k in ("err_sq", "ref_sq"))
@@ -408,6 +466,9 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
     stats = _merge(every)
     summary = {"final_val_loss": val_loss, "steps": args.steps, "pp_compress": str(engine.pp_compress_config()),
                "stats": stats}
+    if args.digest:
+        summary["digest"] = gather_digests(engine.module.state_dict(), engine.optimizer.state_dict(),
+                                           engine.pp_compress.state_dict(), engine.lr_scheduler.state_dict())
     if main:
         print(f"pp_compress {engine.pp_compress_config()}, all boundaries of replica 0, since this process started:\n"
               f"{format_table(dict(sorted(stats.items())))}", file=sys.stderr)
