@@ -16,6 +16,9 @@ from typing import Any
 from pp_lab.paths import ROOT
 JOB_MARK = "PP_COMPRESS_JOB"
 """The environment variable whose value marks every process of one job (see `kill_job`)."""
+OWN_JOB = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+           "TORCHELASTIC_RUN_ID")
+"""Variables a job's launcher sets for its ranks: a job started from inside one does not inherit them."""
 
 
 def free_port() -> int:
@@ -29,7 +32,8 @@ def start_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", 
     """Start `script` on nproc CPU processes (gloo) without waiting: (the launcher's process, the job's mark for
     `kill_job` / `rank_pids`). Its output goes to `log` (a pipe by default, or an open file)."""
     tag = uuid.uuid4().hex  # launchers start ranks in sessions of their own: find them by this mark
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+    inherited = {k: v for k, v in os.environ.items() if k not in OWN_JOB}  # a job started from inside another one
+    env = {**inherited, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
            JOB_MARK: tag, **(env or {})}
     port = f"--master_port={free_port()}"
     if launcher == "deepspeed":  # the product card's launcher: `deepspeed --num_gpus N script.py ...`

@@ -189,3 +189,22 @@ def test_pretrain_on_the_torch_engine_follows_deepspeed_and_compresses(tmp_path)
     assert 3.5 < summary["stats"]["b0.grad"]["ratio"] < 4 and math.isfinite(summary["final_val_loss"])
     rc, log = run_job(ROOT / "recipes/pretrain.py", 2, *TINY, "--engine", "torch", "--out", str(tmp_path / "tied"))
     assert rc != 0 and "add --untied" in log and not (tmp_path / "tied" / "metrics.jsonl").exists()
+
+
+def test_the_torch_engine_resumes_bitwise_from_its_checkpoint(tmp_path):
+    """`--engine torch --save-every`: per-rank checkpoints with the compression state (EF here); a run resumed from
+    the step-4 checkpoint ends with the uninterrupted run's weights, optimizer, schedule and compression state."""
+    common = [*TINY, "--steps", "8", "--eval-every", "0", "--untied", "--engine", "torch", "--save-every", "4",
+              "--keep-checkpoints", "0", "--digest", "--pp-compress", "act=int8:rot+ef21,grad=int4:rot+ef,min_numel=0"]
+    ok(*run_job(ROOT / "recipes/pretrain.py", 2, *common, "--out", str(tmp_path / "whole")))
+    ckpt = tmp_path / "whole" / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["global_step4", "global_step8", "latest"]
+    assert (ckpt / "latest").read_text() == "global_step8"
+    half = tmp_path / "half"
+    shutil.copytree(ckpt / "global_step4", half / "ckpt" / "global_step4")
+    (half / "ckpt" / "latest").write_text("global_step4")
+    ok(*run_job(ROOT / "recipes/pretrain.py", 2, *common, "--resume", "--out", str(half)))
+    assert [r["step"] for r in rows(half, "train")] == [5, 6, 7, 8]
+    whole, resumed = (json.loads((d / "summary.json").read_text())["digest"] for d in (tmp_path / "whole", half))
+    assert len(whole) == 2 and whole == resumed
+    assert all(r["rss_mb"] > 0 for r in rows(half, "train"))

@@ -73,3 +73,15 @@ def test_the_testbed_of_a_run():
     assert train.testbed(ns(model="small")) == "small GPT" and train.testbed(ns(model="tiny")) is None
     assert train.testbed(ns(checkpoint=None)) == "SmolLM2-135M"  # finetuning's default checkpoint
     assert train.testbed(ns(checkpoint=Path("runs/x"))) is None
+
+
+def test_the_state_digest_changes_with_any_bit_and_only_then():
+    state = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "opt": {"step": torch.tensor(3.0), "lr": [1e-3]}}
+    same = {"opt": {"lr": [1e-3], "step": torch.tensor(3.0)}, "w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    assert train.digest(state) == train.digest(same)  # key order does not matter
+    flipped = {**state, "w": state["w"].clone()}
+    flipped["w"].view(torch.int32)[1, 2] ^= 1  # one bit of one value
+    assert train.digest(flipped) != train.digest(state)
+    assert train.digest({**state, "w": state["w"].reshape(3, 2)}) != train.digest(state)  # the shape counts
+    assert train.digest({**state, "w": state["w"].double()}) != train.digest(state)  # and the dtype
+    assert train.digest({**state, "opt": {"step": torch.tensor(3.0), "lr": [2e-3]}}) != train.digest(state)
