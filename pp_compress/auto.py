@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
+import torch
 from torch import Tensor
 
 from .config import parse_spec
 from .ops.base import Compressor, Context
 from .presets import MODELS, PRESETS, verdicts
-from .timing import median_time
+from .timing import elapsed, median_time
+
+if TYPE_CHECKING:
+    from .policy import BoundaryPolicy
 
 Budget = Literal["safe", "aggressive"]
 LADDER: tuple[str, ...] = ("none", "safe", "aggressive")
@@ -36,8 +40,12 @@ class AutoConfig:
     model: str | None = None
     """The model family whose verdicts admit a candidate ('small GPT' or 'SmolLM2-135M'); None: a candidate must be at
     parity by the loss rule on every testbed it was measured on."""
+    every: int = 20
+    """Steps between decisions: the first is made at step 1 (on step 0's tensors), then at 1 + every, 1 + 2 every..."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise ValueError(f"auto:every={self.every!r}; accepted: an integer >= 1")
         if self.max not in LADDER[1:]:
             raise ValueError(f"auto:max={self.max!r}; accepted: {', '.join(LADDER[1:])}")
         if self.model is not None and self.model not in MODELS:
@@ -45,17 +53,18 @@ class AutoConfig:
 
     @classmethod
     def parse(cls, spec: str) -> "AutoConfig":
-        """`auto`, `auto:max=aggressive`, `auto:model=SmolLM2-135M:max=safe`; an unknown key is an error."""
+        """`auto`, `auto:max=aggressive`, `auto:model=SmolLM2-135M:max=safe:every=50`; an unknown key is an error."""
         head, *items = spec.split(":")
         if head != "auto":
-            raise ValueError(f"{spec!r} is not an auto spec; accepted: auto[:max=safe|aggressive][:model=<family>]")
-        kwargs: dict[str, str] = {}
+            raise ValueError(f"{spec!r} is not an auto spec; accepted: auto[:max=safe|aggressive][:model=<family>]"
+                             "[:every=N]")
+        kwargs: dict[str, object] = {}
         for item in items:
             key, sep, value = item.partition("=")
-            if not sep or key not in ("max", "model") or key in kwargs:
+            if not sep or key not in ("max", "model", "every") or key in kwargs:
                 raise ValueError(f"auto: {item!r} in {spec!r}; accepted keys: max=safe|aggressive, model=<family> "
-                                 f"({', '.join(MODELS)}), each once")
-            kwargs[key] = value
+                                 f"({', '.join(MODELS)}), every=<steps>, each once")
+            kwargs[key] = int(value) if key == "every" and value.isdigit() else value
         return cls(**kwargs)  # type: ignore[arg-type]
 
     def candidates(self) -> list[str]:
@@ -88,6 +97,8 @@ class Cost:
     encode_s: float
     decode_s: float
     wire_bytes: int
+    rel_error: float = 0.0
+    """||x - x_hat|| / ||x|| on the tensor it was measured on (the guard watches it)."""
 
     def expected(self, link: Link) -> float:
         """Seconds per message: the codec's time plus the transfer."""
@@ -129,8 +140,10 @@ def choose(link: Link, raw_bytes: int, costs: dict[str, Cost]) -> Decision:
 def measure_codec(op: Compressor, x: Tensor, ctx: Context, reps: int = 5) -> Cost:
     """The operator's encode and decode time on x (a real boundary tensor) and its message size."""
     payload = op.compress(x, ctx)
+    ref = x.detach().double()
+    error = float((ref - op.decompress(payload, ctx).double()).norm() / ref.norm().clamp_min(1e-300))
     return Cost(median_time(lambda: op.compress(x, ctx), x.device, reps),
-                median_time(lambda: op.decompress(payload, ctx), x.device, reps), payload.nbytes)
+                median_time(lambda: op.decompress(payload, ctx), x.device, reps), payload.nbytes, error)
 
 
 def measure_link(round_trip: Callable[[int], float], nbytes: int, reps: int = 5) -> Link:
@@ -144,3 +157,93 @@ def measure_link(round_trip: Callable[[int], float], nbytes: int, reps: int = 5)
 def candidate_ops(cfg: AutoConfig, direction: str) -> dict[str, Compressor]:
     """The operator each admitted candidate runs in `direction` ('act' or 'grad'); `none` has none."""
     return {name: parse_spec(PRESETS[name]).spec_for(0, direction, True).build() for name in cfg.candidates()[1:]}
+
+
+HYSTERESIS = 0.05
+"""A boundary switches only to a candidate expected to be more than this much faster than its current one: link and
+codec timings are noisy, and a switch restarts the new candidate's state."""
+GUARD = 2.0
+"""A candidate is stepped back from when its relative error on a boundary's tensor exceeds GUARD times the error it had
+there when it was first chosen (new outlier channels, a learning-rate spike): the quality it was validated at no longer
+holds for these tensors."""
+
+
+def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torch.device,
+                 exchange: Callable[[list[tuple[str, int, Tensor]]], None], step: int, reps: int = 3) -> list[str]:
+    """One decision for every boundary and direction that touches `stage` (every stage calls it before the same
+    step; boundaries in increasing order, so that a chain of blocking exchanges cannot deadlock). The sender of each
+    direction times round trips of its message's size and of one byte over the real link (`exchange`, the adapter's
+    p2p), times the candidates on the message it kept (`policy.samples`), picks with `choose`, and sends its pick to
+    the receiver; both switch at this step. Returns the log lines of the changes, on the sender."""
+    assert policy.auto is not None
+    candidates = policy.auto.candidates()
+    lines = []
+    for b in range(stages - 1):
+        if stage not in (b, b + 1):
+            continue
+        for d in ("act", "grad"):
+            sender = b if d == "act" else b + 1
+            peer = b + 1 if stage == b else b
+            header = torch.zeros(1, dtype=torch.int64, device=device)
+            x = policy.samples.pop((b, d), None) if stage == sender else None
+            if stage == sender:
+                header[0] = 0 if x is None else x.numel() * x.element_size()
+            exchange([("send" if stage == sender else "recv", peer, header)])
+            nbytes = int(header[0])
+            if not nbytes:
+                continue
+            link = _probe(stage == sender, peer, nbytes, device, exchange, reps)
+            pick = torch.zeros(1, dtype=torch.int64, device=device)
+            if stage == sender:
+                assert x is not None and link is not None
+                name, line = _pick(policy, b, d, x, link, candidates, step, reps)
+                pick[0] = LADDER.index(name)
+            exchange([("send" if stage == sender else "recv", peer, pick)])
+            first = (b, d) not in policy.decisions
+            if (policy.decide(b, d, LADDER[int(pick[0])]) or first) and stage == sender:
+                lines.append(f"step {step}: {line}")
+    return lines
+
+
+def _probe(sending: bool, peer: int, nbytes: int, device: torch.device,
+           exchange: Callable[[list[tuple[str, int, Tensor]]], None], reps: int) -> Link | None:
+    """The link to `peer`, measured on the sending side from round trips (the other side answers them: None)."""
+    one = torch.zeros(1, dtype=torch.uint8, device=device)
+    full = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+
+    def round_trip(n: int) -> float:
+        buf = one if n == 1 else full
+        if not sending:
+            exchange([("recv", peer, buf)])
+            exchange([("send", peer, one)])
+            return 0.0
+        return elapsed(lambda: (exchange([("send", peer, buf)]), exchange([("recv", peer, one)])), device)
+
+    link = measure_link(round_trip, nbytes, reps)
+    return link if sending else None
+
+
+def _pick(policy: "BoundaryPolicy", b: int, d: str, x: Tensor, link: Link, candidates: list[str], step: int,
+          reps: int) -> tuple[str, str]:
+    """The sender's pick for boundary b, direction d, and its log line; applies the guard."""
+    from .policy import Where  # imports this module
+
+    ctx = policy.context(Where(b, d, step, 0))
+    ops = {name: parse_spec(PRESETS[name]).spec_for(b, d).build(policy.cfg.nonfinite) for name in candidates[1:]}
+    costs = {name: measure_codec(op, x, ctx, reps) for name, op in ops.items()}
+    current = policy.decisions.get((b, d), "none")
+    notes = []
+    if current != "none" and current in costs:
+        level = policy.validated.get((b, d, current))
+        if level is not None and costs[current].rel_error > GUARD * level:
+            policy.barred.add((b, d, current))
+            notes.append(f"stepped back from {current}: relative error {costs[current].rel_error:.3g} against "
+                         f"{level:.3g} when chosen")
+    allowed = {name: c for name, c in costs.items() if (b, d, name) not in policy.barred}
+    decision = choose(link, x.numel() * x.element_size(), allowed)
+    keep = Cost(0.0, 0.0, x.numel() * x.element_size()) if current == "none" else allowed.get(current)
+    if keep is not None and keep.expected(link) <= decision.expected_s * (1 + HYSTERESIS):
+        decision = Decision(current, keep.expected(link), decision.dense_s)  # not worth a switch
+    if decision.candidate != "none":
+        policy.validated.setdefault((b, d, decision.candidate), costs[decision.candidate].rel_error)
+    return decision.candidate, describe(b, d, link, decision) + "".join(f"; {n}" for n in notes)

@@ -67,6 +67,9 @@ class CompressionBoundary(nn.Module):
     def __init__(self, cfg: CompressionConfig | str, boundary: int = 0, name: str | None = None) -> None:
         super().__init__()
         self.cfg = parse_spec(cfg) if isinstance(cfg, str) else cfg
+        if self.cfg.auto:
+            raise ValueError(f"{self.cfg.auto} chooses each boundary's setting from its measured link; an in-process "
+                             "boundary has no link. Use a fixed setting such as safe")
         self.boundary = boundary
         self.name = name or f"boundary{boundary}"
         self.policy = BoundaryPolicy(self.cfg)  # the same decisions as a pipeline's boundary

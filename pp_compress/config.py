@@ -191,7 +191,7 @@ class BoundaryOverride:
         object.__setattr__(self, "gradients", _spec(self.gradients))
 
 
-_KEYS = {"act": "activations", "grad": "gradients", "eval": "eval", "warmup": "warmup_steps",
+_KEYS = {"act": "activations", "grad": "gradients", "eval": "eval", "auto": "auto", "warmup": "warmup_steps",
          "min_numel": "min_numel", "seed": "seed", "nonfinite": "nonfinite", "error_every": "error_every",
          "batch_dim": "batch_dim"}
 _INT_FIELDS = ("warmup_steps", "min_numel", "seed", "error_every", "batch_dim")
@@ -208,6 +208,10 @@ class CompressionConfig:
     """Spec of backward activation-gradients at every boundary (default identity)."""
     eval: CompressorSpec | None = None
     """Spec of activations at inference (eval_batch / model.eval()); None = same as `activations`."""
+    auto: str = ""
+    """`auto[:max=safe|aggressive][:model=<family>][:every=N]` (pp_compress/auto.py): each boundary and direction
+    picks its setting from its measured link and codec time, among the presets at parity; "" = off. Excludes act=,
+    grad=, eval= and per-boundary specs."""
     warmup_steps: int = 0
     """Steps sent uncompressed before compression starts."""
     min_numel: int = 1024
@@ -239,6 +243,15 @@ class CompressionConfig:
                 raise ValueError(f"{name}={value!r}; accepted: an integer >= 0")
         if self.nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite={self.nonfinite!r}; accepted: {', '.join(NONFINITE_POLICIES)}")
+        if self.auto:
+            from .auto import AutoConfig  # imports this module
+
+            AutoConfig.parse(self.auto)  # a bad auto spec fails here, naming what is accepted
+            fixed_specs = [k for k, v in (("act", self.activations), ("grad", self.gradients), ("eval", self.eval))
+                           if v is not None and not v.is_identity] + [f"b{b}" for b in self.boundaries]
+            if fixed_specs:
+                raise ValueError(f"{self.auto} chooses every boundary's setting itself; it cannot be combined with "
+                                 f"{', '.join(fixed_specs)}")
         fixed = {}
         for b, o in dict(self.boundaries).items():
             if isinstance(b, bool) or not isinstance(b, int) or b < 0:
@@ -274,10 +287,10 @@ class CompressionConfig:
         return not training or step >= self.warmup_steps
 
     def __str__(self) -> str:
-        items = [f"act={self.activations}", f"grad={self.gradients}"]
+        items = [self.auto] if self.auto else [f"act={self.activations}", f"grad={self.gradients}"]
         if self.eval is not None:
             items.append(f"eval={self.eval}")
-        for key, name in list(_KEYS.items())[3:]:
+        for key, name in list(_KEYS.items())[4:]:
             value = getattr(self, name)
             if value != getattr(CompressionConfig, name, None):
                 items.append(f"{key}={value}")
@@ -287,7 +300,8 @@ class CompressionConfig:
         return ",".join(items)
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"activations": str(self.activations), "gradients": str(self.gradients)}
+        d: dict[str, Any] = {"auto": self.auto} if self.auto else {"activations": str(self.activations),
+                                                                    "gradients": str(self.gradients)}
         if self.eval is not None:
             d["eval"] = str(self.eval)
         d.update(warmup_steps=self.warmup_steps, min_numel=self.min_numel, seed=self.seed, nonfinite=self.nonfinite,
@@ -337,6 +351,8 @@ def parse_spec(text: str) -> CompressionConfig:
                 raise ValueError(f"{key.strip()!r} given twice in {text!r}"
                                  + (f" (the preset {preset!r} stands for {PRESETS[preset]!r})" if preset else ""))
             kwargs[name] = int(value) if name in _INT_FIELDS and value.strip().isdigit() else value.strip()
+        elif i == 0 and (item == "auto" or item.startswith("auto:")):
+            kwargs["auto"] = item
         elif i == 0:
             kwargs["activations"] = kwargs["gradients"] = item
         else:

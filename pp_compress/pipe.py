@@ -101,6 +101,7 @@ class StageCompression:
         uint8), then each float tensor compressed into one flat uint8 buffer (or as it is where the policy says so).
         For activations the sample ids are found in `tensors` (see `sample_ids_of`)."""
         stats = self._stats(where)
+        self.policy.remember(tensors, where)
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
         seen = views(list(tensors)) if views else {}
         if where.direction == "act":

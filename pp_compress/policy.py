@@ -10,8 +10,10 @@ from typing import Any
 
 from torch import Tensor
 
-from .config import CompressionConfig
+from .auto import AutoConfig
+from .config import CompressionConfig, parse_spec
 from .ops.base import FLOAT_DTYPES, Compressor, Context, TensorSpec
+from .presets import PRESETS
 from .stats import DirectionStats
 
 DIRECTIONS = ("act", "grad")
@@ -52,9 +54,29 @@ class BoundaryPolicy:
     def __init__(self, cfg: CompressionConfig) -> None:
         self.cfg = cfg
         self._ops: dict[tuple[int, str, bool], Compressor | None] = {}
+        self.auto = AutoConfig.parse(cfg.auto) if cfg.auto else None
+        self.decisions: dict[tuple[int, str], str] = {}
+        """auto: the candidate each boundary and direction runs ("none" until its first decision); inference uses the
+        activations' decision."""
+        self.samples: dict[tuple[int, str], Tensor] = {}
+        """auto: a copy of the last message's largest tensor before a decision step, on the side that sends it."""
+        self._auto_ops: dict[tuple[int, str, str], Compressor] = {}
+        self.validated: dict[tuple[int, str, str], float] = {}
+        """auto, on the sending side: each candidate's relative error on a boundary when it was first chosen there."""
+        self.barred: set[tuple[int, str, str]] = set()
+        """auto, on the sending side: candidates the guard stepped back from, per boundary and direction."""
 
     def op(self, boundary: int, direction: str, training: bool) -> Compressor | None:
         """The operator of one boundary and direction (None for identity), built on first use."""
+        if self.auto is not None:
+            direction = direction if training else "act"
+            name = self.decisions.get((boundary, direction), "none")
+            if name == "none":
+                return None
+            if (boundary, direction, name) not in self._auto_ops:
+                spec = parse_spec(PRESETS[name]).spec_for(boundary, direction)
+                self._auto_ops[boundary, direction, name] = spec.build(self.cfg.nonfinite)
+            return self._auto_ops[boundary, direction, name]
         key = (boundary, direction, training)
         if key not in self._ops:
             spec = self.cfg.spec_for(boundary, direction, training)
@@ -65,7 +87,34 @@ class BoundaryPolicy:
 
     def built(self, boundary: int, direction: str, training: bool = True) -> Compressor | None:
         """The operator if it was built already (it has state or stashed tensors only then), else None."""
+        if self.auto is not None:
+            return self.op(boundary, direction, training)
         return self._ops.get((boundary, direction, training))
+
+    # --- auto ---------------------------------------------------------------------------------
+    def auto_due(self, step: int) -> bool:
+        """Whether `auto` decides before training step `step` (both sides of every boundary ask the same)."""
+        return self.auto is not None and step >= 1 and (step - 1) % self.auto.every == 0
+
+    def remember(self, tensors: list[Tensor], where: Where) -> None:
+        """Keep a copy of the message's largest float tensor when the next step decides (micro-batch 0)."""
+        if not (where.training and where.micro_batch == 0 and self.auto_due(where.step + 1)):
+            return
+        floats = [t for t in tensors if t.dtype in FLOAT_DTYPES]
+        if floats:
+            self.samples[where.boundary, where.direction] = max(floats, key=lambda t: t.numel()).detach().clone()
+
+    def decide(self, boundary: int, direction: str, name: str) -> bool:
+        """Run candidate `name` from now on; True when that is a change. A candidate switched to starts with fresh
+        state (its error feedback, if any, belongs to the messages it sent, not to those another candidate sent)."""
+        if name != "none" and name not in PRESETS:
+            raise ValueError(f"auto decision {name!r}; accepted: none, {', '.join(PRESETS)}")
+        old = self.decisions.get((boundary, direction), "none")
+        self.decisions[boundary, direction] = name
+        if name == old:
+            return False
+        self._auto_ops.pop((boundary, direction, name), None)
+        return True
 
     def plan(self, spec: TensorSpec, where: Where) -> Compressor | None:
         """The operator that compresses a tensor of this shape and dtype here, or None: it travels as it is."""
@@ -110,7 +159,14 @@ class BoundaryPolicy:
                        batch_dim=self.cfg.batch_dim if batch_dim is None else batch_dim)
 
     def state_dict(self) -> dict[str, Any]:
-        """The training operators' state (error feedback, importance vectors, warm starts) and the config it belongs to."""
+        """The training operators' state (error feedback, importance vectors, warm starts) and the config it belongs to;
+        under auto also each boundary's decision."""
+        if self.auto is not None:
+            ops = {f"{b}.{d}": op.state_dict() for (b, d) in self.decisions if (op := self.op(b, d, True)) is not None}
+            return {"config": str(self.cfg), "ops": ops,
+                    "auto": {f"{b}.{d}": name for (b, d), name in sorted(self.decisions.items())},
+                    "auto_validated": {f"{b}.{d}.{n}": v for (b, d, n), v in sorted(self.validated.items())},
+                    "auto_barred": sorted(f"{b}.{d}.{n}" for b, d, n in self.barred)}
         return {"config": str(self.cfg),
                 "ops": {f"{b}.{d}": op.state_dict() for (b, d, tr), op in self._ops.items() if op is not None and tr}}
 
@@ -118,6 +174,15 @@ class BoundaryPolicy:
         if state["config"] != str(self.cfg):
             raise ValueError(f"this state was saved with config {state['config']!r}; this run's pp_compress config is "
                              f"{str(self.cfg)!r}")
+        for key, name in state.get("auto", {}).items():
+            b, d = key.split(".")
+            self.decide(int(b), d, name)
+        for key, level in state.get("auto_validated", {}).items():
+            b, d, n = key.split(".")
+            self.validated[int(b), d, n] = float(level)
+        for key in state.get("auto_barred", []):
+            b, d, n = key.split(".")
+            self.barred.add((int(b), d, n))
         for key, sub in state["ops"].items():
             b, d = key.split(".")
             op = self.op(int(b), d, True)

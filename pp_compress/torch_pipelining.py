@@ -19,6 +19,7 @@ construction): `+aqsgd` (its sample ids would travel as a separate message) and 
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from torch.distributed import P2POp, batch_isend_irecv, irecv, isend
 from torch.distributed.pipelining import PipelineStage
 
+from .auto import decide_round
 from .config import CompressionConfig
 from .ops.base import TensorSpec
 from .pipe import StageCompression
@@ -59,6 +61,10 @@ class CompressedPipelineStage(PipelineStage):
                                           "torch.distributed.pipelining stages do not carry; use +ef / +ef21 or none")
         check_same_config(cfg, self.group)
         ranks = dist.get_world_size(self.group)
+        if cfg.auto and num_stages != ranks:
+            raise NotImplementedError(f"{cfg.auto} with {num_stages} stages on {ranks} ranks: auto's link probes run "
+                                      "between neighbouring stages one rank each; use one stage per rank, or a fixed "
+                                      "setting such as safe")
         if stage_index < ranks:  # each rank's first stage: a chain over the ranks (see `_exchange`)
             self_check(stage_index, min(num_stages, ranks), self.device, self._exchange,
                        f"torch.distributed.pipelining {torch.__version__}")
@@ -74,6 +80,10 @@ class CompressedPipelineStage(PipelineStage):
         super().clear_runtime_states()
         self.pp_compress_step += 1
         self._pending.clear()
+        if self.pp_compress.policy.auto_due(self.pp_compress_step):  # every stage clears before the same step
+            for line in decide_round(self.pp_compress.policy, self.stage_index, self.num_stages, self.device,
+                                     self._exchange, self.pp_compress_step):
+                print(f"[rank {dist.get_rank()}] {line}", file=sys.stderr, flush=True)
 
     def pp_compress_check(self) -> None:
         """Raise the first failed non-finite check of the messages so far (on an accelerator they are read here, not

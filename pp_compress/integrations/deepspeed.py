@@ -21,6 +21,7 @@ import copy
 import functools
 import inspect
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -38,6 +39,7 @@ except ModuleNotFoundError:  # DeepSpeed before 0.19.7 has no DualPipeV schedule
     DualPipeVEngine = DualPipeVModule = None
 
 from .. import runtime
+from ..auto import decide_round
 from ..config import CompressionConfig
 from ..ops.base import TensorSpec
 from ..pipe import StageCompression, View, sample_ids_of
@@ -104,16 +106,23 @@ class _Compressed:
     def pp_compress_self_check(self) -> None:
         """The start-up self-check (pp_compress/selfcheck.py) through DeepSpeed's p2p.send/recv between neighbouring
         ranks of the pipe; every stage runs it before its first batch."""
-        def exchange(ops: list) -> None:
-            for kind, peer, buf in ops:
-                (p2p.send if kind == "send" else p2p.recv)(buf, peer)
-
-        self_check(self.stage_id, self.num_stages, self.device, exchange, f"DeepSpeed {deepspeed.__version__}")
+        self_check(self.stage_id, self.num_stages, self.device, self.pp_compress_exchange,
+                   f"DeepSpeed {deepspeed.__version__}")
         self._pp_checked = True
+
+    def pp_compress_exchange(self, ops: list) -> None:
+        """Messages outside the schedule (the self-check's probes, auto's link probes and decisions): DeepSpeed's
+        p2p.send/recv between neighbouring ranks of the pipe, one blocking call at a time, in the order given."""
+        for kind, peer, buf in ops:
+            (p2p.send if kind == "send" else p2p.recv)(buf, peer)
 
     def train_batch(self, data_iter: Any = None) -> Any:
         if not getattr(self, "_pp_checked", False):
             self.pp_compress_self_check()
+        if self.pp_compress.policy.auto_due(self.global_steps):  # every stage asks before the same step
+            for line in decide_round(self.pp_compress.policy, self.stage_id, self.num_stages, self.device,
+                                     self.pp_compress_exchange, self.global_steps):
+                print(f"[rank {self.global_rank}] {line}", file=sys.stderr, flush=True)  # on the sender's rank
         loss = super().train_batch(data_iter)
         self.pp_compress.raise_pending()  # the step's non-finite verdicts left on the device, read once
         every = self.steps_per_print()
@@ -251,6 +260,10 @@ if DualPipeVEngine is not None:
             if any(spec.feedback == "aqsgd" for spec in specs):
                 raise NotImplementedError("+aqsgd under DualPipeV: its sample ids would have to be received before the payloads "
                                           "they size, and DualPipeV posts a step's receives together; use +ef / +ef21 or none")
+            if cfg.auto:
+                raise NotImplementedError(f"{cfg.auto} under DualPipeV: each rank holds two stages of the V, and auto's "
+                                          "link probes run between neighbouring stages one rank each; use a fixed "
+                                          "setting such as safe")
             check_same_config(cfg)
             self.pp_compress = StageCompression(cfg, self.stage_id, 2 * self.num_stages)
             self._pp_mb = {}

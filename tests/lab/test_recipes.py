@@ -208,3 +208,17 @@ def test_the_torch_engine_resumes_bitwise_from_its_checkpoint(tmp_path):
     whole, resumed = (json.loads((d / "summary.json").read_text())["digest"] for d in (tmp_path / "whole", half))
     assert len(whole) == 2 and whole == resumed
     assert all(r["rss_mb"] > 0 for r in rows(half, "train"))
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "torch"])
+def test_auto_decides_every_boundary_in_both_engines(tmp_path, engine):
+    """`--pp-compress auto`: before step 1 and every `every` steps, each boundary's sender probes its link, times
+    the candidates, and tells the receiver; both sides then run the same codec (a mismatch could not decode)."""
+    extra = ["--engine", "torch"] if engine == "torch" else []
+    rc, log = run_job(ROOT / "recipes/pretrain.py", 3, *TINY, "--stages", "3", "--grad-accum", "3", "--steps", "6", "--eval-every", "0",
+                      "--untied", "--pp-compress", "auto:every=2,min_numel=0", "--out", str(tmp_path / engine), *extra)
+    ok(rc, log)
+    for b, direction in ((0, "act"), (0, "grad"), (1, "act"), (1, "grad")):
+        assert f"step 1: pp_compress auto: boundary {b} {direction}: link" in log, (b, direction)
+    losses = [r["loss"] for r in rows(tmp_path / engine, "train")]
+    assert len(losses) == 6 and all(math.isfinite(v) for v in losses)

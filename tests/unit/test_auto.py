@@ -63,3 +63,131 @@ def test_a_link_is_measured_from_round_trips():
     assert 60e6 < link.bandwidth < 140e6 and 0.0015 < link.latency < 0.004
     with pytest.raises(ValueError, match="a positive bandwidth"):
         Link(0.0, 1e-3)
+
+
+# --- the decision round between two stages, over an in-memory link -----------------------------------------------
+
+class Wire:
+    """Two stages' p2p over queues, in two threads: a message of n bytes takes latency + n / rate seconds."""
+
+    def __init__(self, rate: float | None, latency: float = 0.0) -> None:
+        import queue
+
+        self.rate, self.latency = rate, latency
+        self.queues = {(0, 1): queue.Queue(), (1, 0): queue.Queue()}
+
+    def exchange(self, stage: int):
+        def run(ops):
+            for kind, peer, buf in ops:
+                if kind == "send":
+                    nbytes = buf.numel() * buf.element_size()
+                    time.sleep(self.latency + (nbytes / self.rate if self.rate else 0.0))
+                    self.queues[stage, peer].put(buf.clone())
+                else:
+                    buf.copy_(self.queues[peer, stage].get(timeout=60))
+        return run
+
+
+def policies(spec: str = "auto:every=1,min_numel=0"):
+    from pp_compress.policy import BoundaryPolicy
+
+    cfg = ppc.parse_spec(spec)
+    return BoundaryPolicy(cfg), BoundaryPolicy(cfg)
+
+
+def remember(sender, receiver, x, step=0):
+    from pp_compress.policy import Where
+
+    sender.remember([x], Where(0, "act", step, 0))
+    receiver.remember([x], Where(0, "grad", step, 0))  # stage 1 sends the gradient of boundary 0
+
+
+def round_between(pols, wire, step=1):
+    """decide_round on stage 0 and stage 1 of a 2-stage pipeline at once; (lines of stage 0, lines of stage 1)."""
+    import threading
+
+    from pp_compress.auto import decide_round
+
+    out, errors = [None, None], []
+
+    def run(stage):
+        try:
+            out[stage] = decide_round(pols[stage], stage, 2, torch.device("cpu"), wire.exchange(stage), step, reps=2)
+        except Exception as e:  # noqa: BLE001 - re-raised below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return out
+
+
+def test_both_sides_of_a_boundary_agree_compressing_on_a_slow_link_and_not_on_a_fast_one():
+    x = torch.randn(8, 64, 576, generator=torch.Generator().manual_seed(0))  # 1.2 MB
+    slow = policies()
+    remember(*slow, x)
+    lines = round_between(slow, Wire(rate=50 * MB))  # the message takes ~24 ms dense
+    assert slow[0].decisions == slow[1].decisions == {(0, "act"): "safe", (0, "grad"): "safe"}
+    assert "boundary 0 act" in lines[0][0] and "safe (int8:rot)" in lines[0][0] and "boundary 0 grad" in lines[1][0]
+    assert all(p.op(0, d, True).spec == "int8:rot" for p in slow for d in ("act", "grad"))
+    fast = policies()
+    remember(*fast, x)
+    round_between(fast, Wire(rate=None))  # a memory copy: compressing cannot pay
+    assert fast[0].decisions == fast[1].decisions == {(0, "act"): "none", (0, "grad"): "none"}
+    assert fast[0].op(0, "act", True) is None and fast[0].samples == {}  # a sample is used once
+
+
+def test_no_sample_no_decision_and_only_decision_steps_keep_one():
+    pols = policies("auto:every=5,min_numel=0")
+    assert [s for s in range(12) if pols[0].auto_due(s)] == [1, 6, 11]
+    remember(*pols, torch.randn(4, 64), step=1)  # step 1 is not followed by a decision: nothing kept
+    assert pols[0].samples == {} and round_between(pols, Wire(rate=None)) == [[], []]
+    assert pols[0].decisions == pols[1].decisions == {}
+
+
+def test_decisions_and_the_guard_survive_a_checkpoint_and_a_switch_starts_fresh():
+    from pp_compress.policy import BoundaryPolicy
+
+    sender, _ = policies()
+    assert sender.decide(0, "act", "safe") and not sender.decide(0, "act", "safe")
+    first = sender.op(0, "act", True)
+    sender.validated[0, "act", "safe"] = 0.01
+    sender.barred.add((0, "grad", "safe"))
+    state = sender.state_dict()
+    resumed = BoundaryPolicy(sender.cfg)
+    resumed.load_state_dict(state)
+    assert resumed.decisions == {(0, "act"): "safe"} and resumed.op(0, "act", True).spec == "int8:rot"
+    assert resumed.validated == sender.validated and resumed.barred == sender.barred
+    assert resumed.op(0, "act", False) is resumed.op(0, "act", True)  # inference follows the activations' decision
+    sender.decide(0, "act", "none")
+    sender.decide(0, "act", "safe")
+    assert sender.op(0, "act", True) is not first  # switched back: a fresh operator, no state of the earlier one
+    with pytest.raises(ValueError, match="accepted: none, safe, aggressive"):
+        sender.decide(0, "act", "int8")
+
+
+def test_the_guard_steps_back_when_the_error_outgrows_its_validated_level():
+    x = torch.randn(8, 64, 576, generator=torch.Generator().manual_seed(1))
+    pols = policies()
+    for p in pols:
+        p.decide(0, "act", "safe")
+        p.decide(0, "grad", "safe")
+    pols[0].validated[0, "act", "safe"] = 1e-6  # far below what int8:rot makes on any tensor
+    remember(*pols, x)
+    lines = round_between(pols, Wire(rate=50 * MB))
+    assert pols[0].decisions[0, "act"] == pols[1].decisions[0, "act"] == "none"  # safe barred: none is left
+    assert (0, "act", "safe") in pols[0].barred and "stepped back from safe" in lines[0][0]
+    assert pols[0].decisions[0, "grad"] == "safe"  # the other direction kept its pick
+
+
+def test_auto_refuses_fixed_specs_and_the_in_process_boundary():
+    with pytest.raises(ValueError, match="cannot be combined with act"):
+        ppc.parse_spec("auto,act=int8")
+    with pytest.raises(ValueError, match="an in-process boundary has no link"):
+        ppc.CompressionBoundary("auto")
+    cfg = ppc.parse_spec("auto:max=aggressive:every=10,warmup=5")
+    assert str(cfg) == "auto:max=aggressive:every=10,warmup=5" and ppc.parse_spec(str(cfg)) == cfg
+    assert type(cfg).from_dict(cfg.to_dict()) == cfg
