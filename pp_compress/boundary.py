@@ -18,7 +18,8 @@ from .policy import BoundaryPolicy, Where
 from .stats import DirectionStats
 
 
-def _roundtrip(op: Compressor | None, x: Tensor, ctx: Context, stats: DirectionStats | None) -> Tensor:
+def _roundtrip(op: Compressor | None, x: Tensor, ctx: Context, stats: DirectionStats | None,
+               measure: bool = False) -> Tensor:
     if op is None:
         if stats is not None:
             stats.record(x.numel() * x.element_size(), x.numel() * x.element_size())
@@ -32,33 +33,37 @@ def _roundtrip(op: Compressor | None, x: Tensor, ctx: Context, stats: DirectionS
     if stats is not None:
         stats.stop(span, "decompress")
         stats.record(x.numel() * x.element_size(), payload.nbytes)
-        stats.record_error(x, y)
+        if measure:
+            stats.record_error(x, y)
     return y
 
 
 class _BoundaryFn(torch.autograd.Function):
     @staticmethod
     def forward(fctx: Any, x: Tensor, act: Compressor | None, grad: Compressor | None,
-                act_ctx: Context, grad_ctx: Context, stats: dict[str, DirectionStats] | None) -> Tensor:
+                act_ctx: Context, grad_ctx: Context, stats: dict[str, DirectionStats] | None, measure: bool) -> Tensor:
         fctx.grad, fctx.grad_ctx, fctx.stats, fctx.act, fctx.act_ctx = grad, grad_ctx, stats, act, act_ctx
-        y = _roundtrip(act, x, act_ctx, stats["act"] if stats else None)
+        fctx.measure = measure
+        y = _roundtrip(act, x, act_ctx, stats["act"] if stats else None, measure)
         return y.clone() if y is x else y
 
     @staticmethod
     def backward(fctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
-        g = _roundtrip(fctx.grad, g.contiguous(), fctx.grad_ctx, fctx.stats["grad"] if fctx.stats else None)
+        g = _roundtrip(fctx.grad, g.contiguous(), fctx.grad_ctx, fctx.stats["grad"] if fctx.stats else None,
+                       fctx.measure)
         if fctx.act is not None and fctx.act_ctx.training:
             fctx.act.observe(g, fctx.act_ctx)  # what the sender of the activation receives back (mdtopk learns from it)
-        return g, None, None, None, None, None
+        return g, None, None, None, None, None, None
 
 
 def compressed_boundary(x: Tensor, act: Compressor | None, grad: Compressor | None,
                         act_ctx: Context | None = None, grad_ctx: Context | None = None,
-                        stats: dict[str, DirectionStats] | None = None) -> Tensor:
-    """x -> D(C_act(x)) forward; g -> D(C_grad(g)) backward. None means uncompressed."""
+                        stats: dict[str, DirectionStats] | None = None, measure: bool = True) -> Tensor:
+    """x -> D(C_act(x)) forward; g -> D(C_grad(g)) backward. None means uncompressed. With `stats`, the messages are
+    counted there, and with `measure` their relative error too."""
     act_ctx = act_ctx or Context(direction="act")
     grad_ctx = grad_ctx or act_ctx.replace(direction="grad", name=act_ctx.name.replace(".act", ".grad"))
-    return _BoundaryFn.apply(x, act, grad, act_ctx, grad_ctx, stats)
+    return _BoundaryFn.apply(x, act, grad, act_ctx, grad_ctx, stats, measure)
 
 
 class CompressionBoundary(nn.Module):
@@ -99,12 +104,12 @@ class CompressionBoundary(nn.Module):
         if not self.training:
             where = Where(self.boundary, "act", self.step, training=False)
             return _roundtrip(self._plan(spec, where, "eval"), x, self._context(where, sample_ids, x.device),
-                              self.stats["eval"])
+                              self.stats["eval"], self.policy.measures_error(where))
         step, self.step = self.step, self.step + 1
         act_w, grad_w = Where(self.boundary, "act", step), Where(self.boundary, "grad", step)
         return compressed_boundary(x, self._plan(spec, act_w, "act"), self._plan(spec, grad_w, "grad"),
                                    self._context(act_w, sample_ids, x.device), self._context(grad_w, sample_ids, x.device),
-                                   self.stats)
+                                   self.stats, self.policy.measures_error(act_w))
 
     def _plan(self, spec: TensorSpec, where: Where, key: str) -> Compressor | None:
         """The policy's operator for this tensor, counted in the statistics (a gradient is counted when its forward

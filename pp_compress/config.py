@@ -225,7 +225,7 @@ class CompressionConfig:
     """NaN/Inf in a tensor to compress: raise (default, names the boundary) or allow."""
     error_every: int = 10
     """Measure the relative error ||x - x_hat|| / ||x|| for the statistics on the sender, on micro-batch 0
-    of every N-th step (one extra local decode); 0 = never."""
+    of every N-th step (one extra local decode; the in-process boundary too); 0 = never."""
     batch_dim: int = 0
     """Which dim of the tensors crossing a boundary is the batch: 0 for [batch, seq, hidden], 1 for Megatron's
     [seq, batch, hidden]. Per-sample grouping (per=sample, per=channel, lowrank) and per-sample state (+aqsgd) use

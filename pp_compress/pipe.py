@@ -125,7 +125,7 @@ class StageCompression:
             stats.stop(span, "compress")
             stats.record(raw, buf.numel())
             stats.saturated = op.saturated  # cumulative per operator, and one operator per boundary and direction
-            if self.cfg.error_every and where.micro_batch == 0 and where.step % self.cfg.error_every == 0:
+            if self.policy.measures_error(where):
                 stats.record_error(t, op.estimate(payload, ctx))
             out.append((i, buf))
         self.policy.account(specs, ops, where, stats)

@@ -116,6 +116,11 @@ class BoundaryPolicy:
         self._auto_ops.pop((boundary, direction, name), None)
         return True
 
+    def measures_error(self, where: Where) -> bool:
+        """Whether this message's relative error goes into the statistics: micro-batch 0 of every error_every-th step
+        (it costs a decode, or a pass over both tensors, on the sender)."""
+        return bool(self.cfg.error_every) and where.micro_batch == 0 and where.step % self.cfg.error_every == 0
+
     def plan(self, spec: TensorSpec, where: Where) -> Compressor | None:
         """The operator that compresses a tensor of this shape and dtype here, or None: it travels as it is."""
         if spec.dtype not in FLOAT_DTYPES or not self.cfg.compresses(spec.numel, spec.dtype, where.step, where.training):

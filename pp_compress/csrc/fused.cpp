@@ -129,13 +129,27 @@ inline void unpack_row(const uint8_t* in, int64_t n, int bits, uint8_t* codes) {
   }
 }
 
-// ops/noise.py's counter-based uniform of element i under `key`: splitmix64(key + (i + 1) * GAMMA), top 24 bits
-inline float noise_uniform(uint64_t key, uint64_t i) {
+// ops/noise.py's counter-based stream: splitmix64(key + (i + 1) * GAMMA) for element i under `key`
+inline uint64_t noise_bits(uint64_t key, uint64_t i) {
   uint64_t z = key + (i + 1) * 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<uint32_t>(z >> 40)) * 0x1p-24f;
+  return z ^ (z >> 31);
+}
+
+// its uniform in [0, 1): the top 24 bits
+inline float noise_uniform(uint64_t key, uint64_t i) {
+  return static_cast<float>(static_cast<uint32_t>(noise_bits(key, i) >> 40)) * 0x1p-24f;
+}
+
+// ops/noise.py's signs: +1 where the top bit is set, else -1; fp32 (n,). One loop: the torch form is a dozen
+// tensor operations, whose fixed costs dominate at a row's length (one call per message)
+torch::Tensor noise_signs(int64_t n, int64_t key) {
+  TORCH_CHECK(n >= 0, "noise_signs: n=", n, " must be >= 0");
+  auto out = torch::empty({n}, torch::kFloat32);
+  float* o = out.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) o[i] = (noise_bits(static_cast<uint64_t>(key), i) >> 63) ? 1.f : -1.f;
+  return out;
 }
 
 int64_t rows_per_task(int64_t size) { return std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(size, 1)); }
@@ -715,5 +729,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rot_sym_encode", &rot_sym_encode, "int<b>:rot in one pass: rotation and symmetric quantization per unit");
   m.def("rot_sym_decode", &rot_sym_decode, "inverse of rot_sym_encode");
   m.def("vq_search", &vq_search, "vq's pruned nearest-point search over a grid of candidate lists");
+  m.def("noise_signs", &noise_signs, "ops/noise.py's counter-based +-1 signs of n positions under a key");
   m.def("fwht", &fwht, "orthonormal Walsh-Hadamard transform of blocks of n, with random signs before or after");
 }

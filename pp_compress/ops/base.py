@@ -437,7 +437,12 @@ class Compressor(abc.ABC):
 
     @property
     def spec(self) -> str:
-        return str(self.config) if not isinstance(self.config, OpConfig) else format_op(self.config)
+        """The operator's spec string (worked out once per config: messages name it)."""
+        cached = self.__dict__.get("_spec")
+        if cached is None or cached[0] is not self.config:
+            cached = (self.config, str(self.config) if not isinstance(self.config, OpConfig) else format_op(self.config))
+            self.__dict__["_spec"] = cached
+        return cached[1]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec!r})"

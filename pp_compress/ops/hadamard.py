@@ -127,18 +127,20 @@ def fwht_gemm(x: Tensor, n: int, d: Tensor | None = None, after: bool = False,
     return y.to(dtype).view(x.shape)
 
 
-def signs(last: int, key: int, device: torch.device) -> Tensor:
+def signs(last: int, key: int, device: torch.device, fused: bool = True) -> Tensor:
     """Random +-1 (fp32) for each position of the last dim, counter-based from `key` (ops/noise.py): the same on
-    every device, and a device kernel computes them where it uses them."""
-    return noise.signs(last, key, device)  # (last,)
+    every device, and a device kernel computes them where it uses them. `fused`: on CPU the compiled loop where built
+    (the same values)."""
+    ext = kernels.kernels() if fused and torch.device(device).type == "cpu" else None
+    return ext.noise_signs(last, key) if ext is not None else noise.signs(last, key, device)  # (last,)
 
 
 def rotate(x: Tensor, n: int, key: int, fused: bool = True) -> Tensor:
     """H_n D x over blocks of n of the last dim, in fp32 (never modifies x); `fused`: the CPU kernel where built."""
-    return fwht(x, n, signs(x.shape[-1], key, x.device), fused=fused)  # x.shape, fp32
+    return fwht(x, n, signs(x.shape[-1], key, x.device, fused), fused=fused)  # x.shape, fp32
 
 
 def unrotate(y: Tensor, n: int, key: int, dtype: torch.dtype = torch.float32, fused: bool = True) -> Tensor:
     """Inverse of `rotate` with the same key: D H_n y, in `dtype` (H_n is symmetric and orthonormal: its own
     inverse)."""
-    return fwht(y, n, signs(y.shape[-1], key, y.device), after=True, dtype=dtype, fused=fused)  # y.shape
+    return fwht(y, n, signs(y.shape[-1], key, y.device, fused), after=True, dtype=dtype, fused=fused)  # y.shape

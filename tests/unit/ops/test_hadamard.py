@@ -86,3 +86,15 @@ def test_the_signs_are_counter_based_and_balanced():
     assert set(d.unique().tolist()) == {-1.0, 1.0} and abs(float(d.mean())) < 0.05
     assert torch.equal(hadamard.signs(100, 7, torch.device("cpu")), d[:100])
     assert not torch.equal(hadamard.signs(4096, 8, torch.device("cpu")), d)
+
+
+@pytest.mark.parametrize("key", [0, 7, 12345678901234567, 2**63 - 1])
+def test_the_compiled_signs_are_the_torch_reference_bitwise(key):
+    from pp_compress.ops import fused, noise
+
+    if fused.kernels() is None:
+        pytest.skip("the fused CPU kernels are not built here (PP_COMPRESS_KERNELS=0)")
+    for n in (0, 1, 576, 4096):
+        got = hadamard.signs(n, key, torch.device("cpu"))
+        assert got.dtype == torch.float32 and torch.equal(got, noise.signs(n, key, "cpu")), (n, key)
+        assert torch.equal(hadamard.signs(n, key, torch.device("cpu"), fused=False), got)
