@@ -159,6 +159,12 @@ def candidate_ops(cfg: AutoConfig, direction: str) -> dict[str, Compressor]:
     return {name: parse_spec(PRESETS[name]).spec_for(0, direction, True).build() for name in cfg.candidates()[1:]}
 
 
+PROBE_BYTES = 1 << 16
+"""The first probe's size: a dense message's round trip would cost seconds on the slow links where the decision
+matters most, and 64 KiB already takes tens of milliseconds there."""
+MIN_PROBE_S = 2e-3
+"""A probe's extra time over a 1-byte round trip must reach this for its bandwidth to count (a fast link's is
+lost in the noise of a small probe), unless it is the whole message."""
 HYSTERESIS = 0.05
 """A boundary switches only to a candidate expected to be more than this much faster than its current one: link and
 codec timings are noisy, and a switch restarts the new candidate's state."""
@@ -169,12 +175,12 @@ holds for these tensors."""
 
 
 def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torch.device,
-                 exchange: Callable[[list[tuple[str, int, Tensor]]], None], step: int, reps: int = 3) -> list[str]:
+                 exchange: Callable[[list[tuple[str, int, Tensor]]], None], step: int, reps: int = 2) -> list[str]:
     """One decision for every boundary and direction that touches `stage` (every stage calls it before the same
     step; boundaries in increasing order, so that a chain of blocking exchanges cannot deadlock). The sender of each
-    direction times round trips of its message's size and of one byte over the real link (`exchange`, the adapter's
-    p2p), times the candidates on the message it kept (`policy.samples`), picks with `choose`, and sends its pick to
-    the receiver; both switch at this step. Returns the log lines of the changes, on the sender."""
+    direction times round trips over the real link (`exchange`, the adapter's p2p; `_probe`), times the candidates
+    on the message it kept (`policy.samples`), picks with `choose`, and sends its pick to the receiver; both switch
+    at this step. Returns the log lines of the changes, on the sender."""
     assert policy.auto is not None
     candidates = policy.auto.candidates()
     lines = []
@@ -207,20 +213,37 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
 
 def _probe(sending: bool, peer: int, nbytes: int, device: torch.device,
            exchange: Callable[[list[tuple[str, int, Tensor]]], None], reps: int) -> Link | None:
-    """The link to `peer`, measured on the sending side from round trips (the other side answers them: None)."""
+    """The link to `peer`, measured on the sending side from round trips (the other side answers them: None). The
+    probe starts at PROBE_BYTES and grows 16x, up to the message's size, until its extra time over a 1-byte round trip
+    is at least MIN_PROBE_S: small enough to be cheap on a slow link, large enough to be timed on a fast one. The
+    sender announces each size (0: done), so that both sides run the same exchanges."""
     one = torch.zeros(1, dtype=torch.uint8, device=device)
-    full = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    size = torch.zeros(1, dtype=torch.int64, device=device)
+    if not sending:
+        while True:
+            exchange([("recv", peer, size)])
+            if not int(size[0]):
+                return None
+            full = torch.zeros(int(size[0]), dtype=torch.uint8, device=device)
+            for buf in [one] * reps + [full] * reps:
+                exchange([("recv", peer, buf)])
+                exchange([("send", peer, one)])
 
     def round_trip(n: int) -> float:
-        buf = one if n == 1 else full
-        if not sending:
-            exchange([("recv", peer, buf)])
-            exchange([("send", peer, one)])
-            return 0.0
+        buf = one if n == 1 else torch.zeros(n, dtype=torch.uint8, device=device)
         return elapsed(lambda: (exchange([("send", peer, buf)]), exchange([("recv", peer, one)])), device)
 
-    link = measure_link(round_trip, nbytes, reps)
-    return link if sending else None
+    n = min(nbytes, PROBE_BYTES)
+    while True:
+        size[0] = n
+        exchange([("send", peer, size)])
+        link = measure_link(round_trip, n, reps)
+        if n >= nbytes or n / link.bandwidth >= MIN_PROBE_S:
+            break
+        n = min(nbytes, n * 16)
+    size[0] = 0
+    exchange([("send", peer, size)])
+    return link
 
 
 def _pick(policy: "BoundaryPolicy", b: int, d: str, x: Tensor, link: Link, candidates: list[str], step: int,
