@@ -176,8 +176,8 @@ def report(out: Path, results: dict[str, dict], command: str) -> None:
 
     lines = [f"Command: `{command}`", "", f"Spec `{SPEC}`; `recipes/pretrain.py` with {' '.join(TINY)}.", "",
              "| engine | ranks | steps | kills (rank after step, resumed from) | bitwise equal to uninterrupted | "
-             f"RSS MiB at {SINCE} -> end | RSS growth | step ms, first half -> last half (after {SINCE}) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "from step | RSS MiB, then -> end | RSS growth | step ms, first half -> last half |",
+             "|---|---|---|---|---|---|---|---|---|"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for name, r in results.items():
         ref = r["ref_metrics"]
@@ -185,7 +185,7 @@ def report(out: Path, results: dict[str, dict], command: str) -> None:
         a, b, growth = drift(ref, "rss_mb", since)
         t1, t2 = step_time(ref, since)
         kills = "; ".join(f"{e['rank']} after {e['after_step']}, from {e['resumes_from']}" for e in r["kills"])
-        lines.append(f"| {name} | {r['ranks']} | {r['steps']} | {kills} | {'yes' if r['equal'] else 'NO'} | "
+        lines.append(f"| {name} | {r['ranks']} | {r['steps']} | {kills} | {'yes' if r['equal'] else 'NO'} | {since} | "
                      f"{a:.1f} -> {b:.1f} | {growth:+.2%} | {t1 * 1e3:.1f} -> {t2 * 1e3:.1f} |")
         for which, style in (("ref_metrics", "-"), ("fault_metrics", ":")):
             m = r[which]
@@ -216,7 +216,9 @@ def main() -> None:
     ap.add_argument("--report", action="store_true", help="only redraw the table and figure from --out's metrics")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    command = f"python benchmarks/soak.py {shlex.join(sys.argv[1:])}"
+    command = f"python benchmarks/soak.py {shlex.join(sys.argv[1:])}".strip()
+    if args.report and (args.out / "soak.md").exists():  # redrawn: the command that measured it
+        command = (args.out / "soak.md").read_text().split("`", 2)[1]
     results: dict[str, dict] = {}
     for name in args.engine or list(ENGINES):
         engine = ENGINES[name]

@@ -24,4 +24,4 @@ def test_a_killed_and_resumed_run_ends_bitwise_where_the_uninterrupted_one_does(
     assert result["equal"] and len(result["ref_digest"]) == 2
     assert [r["step"] for r in result["ref_metrics"]] == list(range(10, 161, 10))
     table = (tmp_path / "out" / "soak.md").read_text()
-    assert "| dualpipev | 2 | 160 |" in table and "| yes |" in table and (tmp_path / "out" / "soak.png").exists()
+    assert "| dualpipev | 2 | 160 |" in table and "| yes | 32 |" in table and (tmp_path / "out" / "soak.png").exists()
