@@ -12,6 +12,7 @@ exchange function and a clock: `measure_codec` and `measure_link`. Engines call 
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal
 
@@ -165,6 +166,10 @@ matters most, and 64 KiB already takes tens of milliseconds there."""
 MIN_PROBE_S = 2e-3
 """A probe's extra time over a 1-byte round trip must reach this for its bandwidth to count (a fast link's is
 lost in the noise of a small probe), unless it is the whole message."""
+REPROBE_ROUNDS = 10
+"""A boundary's link is measured again at least every this many rounds (and when step times drift)."""
+DRIFT = 0.2
+"""A change of the step time between two rounds' windows beyond this share re-measures every link of the stage."""
 HYSTERESIS = 0.05
 """A boundary switches only to a candidate expected to be more than this much faster than its current one: link and
 codec timings are noisy, and a switch restarts the new candidate's state."""
@@ -178,11 +183,14 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
                  exchange: Callable[[list[tuple[str, int, Tensor]]], None], step: int, reps: int = 2) -> list[str]:
     """One decision for every boundary and direction that touches `stage` (every stage calls it before the same
     step; boundaries in increasing order, so that a chain of blocking exchanges cannot deadlock). The sender of each
-    direction times round trips over the real link (`exchange`, the adapter's p2p; `_probe`), times the candidates
-    on the message it kept (`policy.samples`), picks with `choose`, and sends its pick to the receiver; both switch
-    at this step. Returns the log lines of the changes, on the sender."""
+    direction times the candidates on the message it kept (`policy.samples`), picks with `choose` on its link, and
+    tells the receiver; both switch at this step. The link is measured by round trips over the real link (`_probe`,
+    through the adapter's p2p) only where it is not known yet, every REPROBE_ROUNDS rounds, or when this stage's step
+    time drifted by more than DRIFT since the last round (a link that changed); otherwise the sender's one message
+    carries its pick. Returns the log lines of the changes, on the sender."""
     assert policy.auto is not None
     candidates = policy.auto.candidates()
+    drifted = _drifted(policy, step)
     lines = []
     for b in range(stages - 1):
         if stage not in (b, b + 1):
@@ -190,25 +198,50 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
         for d in ("act", "grad"):
             sender = b if d == "act" else b + 1
             peer = b + 1 if stage == b else b
-            header = torch.zeros(1, dtype=torch.int64, device=device)
-            x = policy.samples.pop((b, d), None) if stage == sender else None
-            if stage == sender:
-                header[0] = 0 if x is None else x.numel() * x.element_size()
-            exchange([("send" if stage == sender else "recv", peer, header)])
-            nbytes = int(header[0])
-            if not nbytes:
+            # [what follows, pick]: -1 nothing (no sample), 0 the pick is in this message, 1 a probe, then the pick
+            head = torch.zeros(2, dtype=torch.int64, device=device)
+            if stage != sender:
+                exchange([("recv", peer, head)])
+                if int(head[0]) == 1:
+                    _probe(False, peer, 0, device, exchange, reps)
+                    exchange([("recv", peer, head[1:])])
+                if int(head[0]) >= 0:
+                    policy.decide(b, d, LADDER[int(head[1])])
                 continue
-            link = _probe(stage == sender, peer, nbytes, device, exchange, reps)
-            pick = torch.zeros(1, dtype=torch.int64, device=device)
-            if stage == sender:
-                assert x is not None and link is not None
-                name, line = _pick(policy, b, d, x, link, candidates, step, reps)
-                pick[0] = LADDER.index(name)
-            exchange([("send" if stage == sender else "recv", peer, pick)])
+            x = policy.samples.pop((b, d), None)
+            known = policy.links.get((b, d))
+            probe = x is not None and (known is None or drifted or
+                                       policy.rounds - policy.probed.get((b, d), 0) >= REPROBE_ROUNDS)
+            head[0] = -1 if x is None else 1 if probe else 0
+            if x is not None and not probe:
+                name, line = _pick(policy, b, d, x, known, candidates, step, reps)
+                head[1] = LADDER.index(name)
+            exchange([("send", peer, head)])
+            if x is None:
+                continue
+            if probe:
+                known = policy.links[b, d] = _probe(True, peer, x.numel() * x.element_size(), device, exchange, reps)
+                policy.probed[b, d] = policy.rounds
+                name, line = _pick(policy, b, d, x, known, candidates, step, reps)
+                head[1] = LADDER.index(name)
+                exchange([("send", peer, head[1:])])
             first = (b, d) not in policy.decisions
-            if (policy.decide(b, d, LADDER[int(pick[0])]) or first) and stage == sender:
-                lines.append(f"step {step}: {line}")
+            if policy.decide(b, d, name) or first:
+                lines.append(f"step {step}: {line}" + (" (link measured now)" if probe else ""))
+    policy.rounds += 1
+    policy.last_round = (time.perf_counter(), step)
     return lines
+
+
+def _drifted(policy: "BoundaryPolicy", step: int) -> bool:
+    """Whether this stage's time per step since the last round differs by more than DRIFT from the window before
+    (the rounds themselves excluded); updates the windows."""
+    if policy.last_round is None:
+        return False
+    t, s = policy.last_round
+    now = (time.perf_counter() - t) / max(step - s, 1)
+    before, policy.window = policy.window, now
+    return before is not None and abs(now / before - 1) > DRIFT
 
 
 def _probe(sending: bool, peer: int, nbytes: int, device: torch.device,

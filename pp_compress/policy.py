@@ -65,6 +65,16 @@ class BoundaryPolicy:
         """auto, on the sending side: each candidate's relative error on a boundary when it was first chosen there."""
         self.barred: set[tuple[int, str, str]] = set()
         """auto, on the sending side: candidates the guard stepped back from, per boundary and direction."""
+        self.links: dict[tuple[int, str], Any] = {}
+        """auto, on the sending side: each boundary and direction's last measured link (auto.Link)."""
+        self.probed: dict[tuple[int, str], int] = {}
+        """auto, on the sending side: the round in which each link was last measured."""
+        self.rounds = 0
+        """auto: decision rounds run so far in this process."""
+        self.last_round: tuple[float, int] | None = None
+        """auto: (host clock, step) at the end of the last round: the window the next round's drift check times."""
+        self.window: float | None = None
+        """auto: seconds per step in the window before the last round."""
 
     def op(self, boundary: int, direction: str, training: bool) -> Compressor | None:
         """The operator of one boundary and direction (None for identity), built on first use."""

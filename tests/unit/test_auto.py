@@ -204,3 +204,27 @@ def test_auto_refuses_fixed_specs_and_the_in_process_boundary():
     cfg = ppc.parse_spec("auto:max=aggressive:every=10,warmup=5")
     assert str(cfg) == "auto:max=aggressive:every=10,warmup=5" and ppc.parse_spec(str(cfg)) == cfg
     assert type(cfg).from_dict(cfg.to_dict()) == cfg
+
+
+def test_a_known_link_is_not_probed_again_until_the_step_time_drifts():
+    x = torch.randn(8, 64, 576, generator=torch.Generator().manual_seed(2))
+    pols, wire = policies(), Wire(rate=20 * MB, latency=1e-3)
+    remember(*pols, x)
+    first = round_between(pols, wire, step=1)
+    assert all("(link measured now)" in line for lines in first for line in lines)
+    remember(*pols, x, step=1)
+    pols[0].decide(0, "act", "none")  # so that the second round's pick is a change and logs a line
+    pols[1].decide(0, "act", "none")
+    second = round_between(pols, wire, step=2)
+    assert second[0] and not any("(link measured now)" in line for line in second[0])  # the pick, from the known link
+    assert pols[0].decisions == pols[1].decisions == {(0, "act"): "safe", (0, "grad"): "safe"}
+    # the step time since the last round is 100x the window before it: the link may have changed, measure it again
+    import time as clock
+
+    pols[0].window = 1e-4
+    pols[0].last_round = (clock.perf_counter() - 0.01, 2)
+    remember(*pols, x, step=2)
+    pols[0].decide(0, "act", "none")
+    pols[1].decide(0, "act", "none")
+    third = round_between(pols, wire, step=3)
+    assert any("(link measured now)" in line for line in third[0])
