@@ -11,6 +11,7 @@ exchange function and a clock: `measure_codec` and `measure_link`. Engines call 
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -141,10 +142,15 @@ def choose(link: Link, raw_bytes: int, costs: dict[str, Cost]) -> Decision:
 def measure_codec(op: Compressor, x: Tensor, ctx: Context, reps: int = 5) -> Cost:
     """The operator's encode and decode time on x (a real boundary tensor) and its message size."""
     payload = op.compress(x, ctx)
-    ref = x.detach().double()
-    error = float((ref - op.decompress(payload, ctx).double()).norm() / ref.norm().clamp_min(1e-300))
     return Cost(median_time(lambda: op.compress(x, ctx), x.device, reps),
-                median_time(lambda: op.decompress(payload, ctx), x.device, reps), payload.nbytes, error)
+                median_time(lambda: op.decompress(payload, ctx), x.device, reps), payload.nbytes,
+                relative_error(op, x, ctx))
+
+
+def relative_error(op: Compressor, x: Tensor, ctx: Context) -> float:
+    """||x - D(C(x))|| / ||x|| (one round trip; reads the result on the host)."""
+    ref = x.detach().double()
+    return float((ref - op.decompress(op.compress(x, ctx), ctx).double()).norm() / ref.norm().clamp_min(1e-300))
 
 
 def measure_link(round_trip: Callable[[int], float], nbytes: int, reps: int = 5) -> Link:
@@ -214,7 +220,7 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
                                        policy.rounds - policy.probed.get((b, d), 0) >= REPROBE_ROUNDS)
             head[0] = -1 if x is None else 1 if probe else 0
             if x is not None and not probe:
-                name, line = _pick(policy, b, d, x, known, candidates, step, reps)
+                name, line = _pick(policy, b, d, x, known, candidates, step, reps, measure=False)
                 head[1] = LADDER.index(name)
             exchange([("send", peer, head)])
             if x is None:
@@ -222,7 +228,7 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
             if probe:
                 known = policy.links[b, d] = _probe(True, peer, x.numel() * x.element_size(), device, exchange, reps)
                 policy.probed[b, d] = policy.rounds
-                name, line = _pick(policy, b, d, x, known, candidates, step, reps)
+                name, line = _pick(policy, b, d, x, known, candidates, step, reps, measure=True)
                 head[1] = LADDER.index(name)
                 exchange([("send", peer, head[1:])])
             first = (b, d) not in policy.decisions
@@ -280,18 +286,26 @@ def _probe(sending: bool, peer: int, nbytes: int, device: torch.device,
 
 
 def _pick(policy: "BoundaryPolicy", b: int, d: str, x: Tensor, link: Link, candidates: list[str], step: int,
-          reps: int) -> tuple[str, str]:
-    """The sender's pick for boundary b, direction d, and its log line; applies the guard."""
+          reps: int, measure: bool) -> tuple[str, str]:
+    """The sender's pick for boundary b, direction d, and its log line; applies the guard. The candidates' codec
+    times are measured with the link (`measure`) or for a tensor of a new shape, and kept in between; the current
+    candidate's error, which the guard watches, is measured on every round's tensor."""
     from .policy import Where  # imports this module
 
     ctx = policy.context(Where(b, d, step, 0))
     ops = {name: parse_spec(PRESETS[name]).spec_for(b, d).build(policy.cfg.nonfinite) for name in candidates[1:]}
-    costs = {name: measure_codec(op, x, ctx, reps) for name, op in ops.items()}
+    like = (tuple(x.shape), x.dtype)
+    known = policy.costs.get((b, d))
+    if measure or known is None or known[0] != like:
+        known = policy.costs[b, d] = (like, {name: measure_codec(op, x, ctx, reps) for name, op in ops.items()})
+    costs = dict(known[1])
     current = policy.decisions.get((b, d), "none")
     notes = []
     if current != "none" and current in costs:
+        error = relative_error(ops[current], x, ctx)
+        costs[current] = dataclasses.replace(costs[current], rel_error=error)
         level = policy.validated.get((b, d, current))
-        if level is not None and costs[current].rel_error > GUARD * level:
+        if level is not None and error > GUARD * level:
             policy.barred.add((b, d, current))
             notes.append(f"stepped back from {current}: relative error {costs[current].rel_error:.3g} against "
                          f"{level:.3g} when chosen")

@@ -69,6 +69,9 @@ class BoundaryPolicy:
         """auto, on the sending side: each boundary and direction's last measured link (auto.Link)."""
         self.probed: dict[tuple[int, str], int] = {}
         """auto, on the sending side: the round in which each link was last measured."""
+        self.costs: dict[tuple[int, str], tuple[Any, dict[str, Any]]] = {}
+        """auto, on the sending side: ((shape, dtype), each candidate's auto.Cost) last measured per boundary and
+        direction (again with the link, or for a new shape)."""
         self.rounds = 0
         """auto: decision rounds run so far in this process."""
         self.last_round: tuple[float, int] | None = None
