@@ -266,11 +266,12 @@ def main() -> None:
         if not (out / "summary.json").exists():
             t0 = time.perf_counter()
             again = "--resume" if (out / "ckpt" / "latest").exists() else "--overwrite"  # a run cut off goes on
-            # a run takes up to an hour and its output is captured: say where to follow it
+            # a run takes up to two hours here (three before it is cut off, to go on next time from its checkpoint)
+            # and its output is captured: say where to follow it
             print(f"{name:24s} {spec:34s} {again}: running, its log grows in {out / 'metrics.jsonl'}", flush=True)
             try:
                 rc, log = run_job(ROOT / "recipes" / recipe, nproc, *recipe_args, "--pp-compress", spec, "--out", str(out), again,
-                                  timeout=7200)
+                                  timeout=10800)
             except TimeoutError as e:  # run_job: the job hung or overran (and was killed); go on with the next setting
                 rc, log = 124, str(e)
             print(f"{name:24s} {spec:34s} {again} rc={rc} {time.perf_counter() - t0:.0f} s", flush=True)
