@@ -12,6 +12,7 @@ exchange function and a clock: `measure_codec` and `measure_link`. Engines call 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from dataclasses import dataclass
@@ -161,9 +162,14 @@ def measure_link(round_trip: Callable[[int], float], nbytes: int, reps: int = 5)
     return Link(bandwidth=nbytes / max(big - small, 1e-9), latency=small / 2)
 
 
+def candidate_op(name: str, boundary: int, direction: str, nonfinite: str = "raise") -> Compressor:
+    """A fresh operator of preset `name` for one boundary and direction ('act' or 'grad')."""
+    return parse_spec(PRESETS[name]).spec_for(boundary, direction).build(nonfinite)
+
+
 def candidate_ops(cfg: AutoConfig, direction: str) -> dict[str, Compressor]:
     """The operator each admitted candidate runs in `direction` ('act' or 'grad'); `none` has none."""
-    return {name: parse_spec(PRESETS[name]).spec_for(0, direction, True).build() for name in cfg.candidates()[1:]}
+    return {name: candidate_op(name, 0, direction) for name in cfg.candidates()[1:]}
 
 
 PROBE_BYTES = 1 << 16
@@ -293,16 +299,16 @@ def _pick(policy: "BoundaryPolicy", b: int, d: str, x: Tensor, link: Link, candi
     from .policy import Where  # imports this module
 
     ctx = policy.context(Where(b, d, step, 0))
-    ops = {name: parse_spec(PRESETS[name]).spec_for(b, d).build(policy.cfg.nonfinite) for name in candidates[1:]}
+    op = functools.partial(candidate_op, boundary=b, direction=d, nonfinite=policy.cfg.nonfinite)
     like = (tuple(x.shape), x.dtype)
     known = policy.costs.get((b, d))
     if measure or known is None or known[0] != like:
-        known = policy.costs[b, d] = (like, {name: measure_codec(op, x, ctx, reps) for name, op in ops.items()})
+        known = policy.costs[b, d] = (like, {name: measure_codec(op(name), x, ctx, reps) for name in candidates[1:]})
     costs = dict(known[1])
     current = policy.decisions.get((b, d), "none")
     notes = []
     if current != "none" and current in costs:
-        error = relative_error(ops[current], x, ctx)
+        error = relative_error(op(current), x, ctx)
         costs[current] = dataclasses.replace(costs[current], rel_error=error)
         level = policy.validated.get((b, d, current))
         if level is not None and error > GUARD * level:

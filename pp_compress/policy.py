@@ -10,8 +10,8 @@ from typing import Any
 
 from torch import Tensor
 
-from .auto import AutoConfig
-from .config import CompressionConfig, parse_spec
+from .auto import AutoConfig, candidate_op
+from .config import CompressionConfig
 from .ops.base import FLOAT_DTYPES, Compressor, Context, TensorSpec
 from .presets import PRESETS
 from .stats import DirectionStats
@@ -87,8 +87,7 @@ class BoundaryPolicy:
             if name == "none":
                 return None
             if (boundary, direction, name) not in self._auto_ops:
-                spec = parse_spec(PRESETS[name]).spec_for(boundary, direction)
-                self._auto_ops[boundary, direction, name] = spec.build(self.cfg.nonfinite)
+                self._auto_ops[boundary, direction, name] = candidate_op(name, boundary, direction, self.cfg.nonfinite)
             return self._auto_ops[boundary, direction, name]
         key = (boundary, direction, training)
         if key not in self._ops:

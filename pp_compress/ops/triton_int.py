@@ -151,8 +151,7 @@ def screen(t: Tensor, flag: Flag) -> None:
 
 def sums(x: Tensor, y: Tensor) -> bool:
     """Whether `error_sums` takes this pair here: contiguous CUDA float tensors of one size, with Triton."""
-    return (x.is_cuda and y.is_cuda and x.dtype in EXPONENTS and y.dtype in EXPONENTS and x.numel() == y.numel()
-            and x.is_contiguous() and y.is_contiguous() and available())
+    return x.numel() == y.numel() and screens(x) and screens(y)
 
 
 def error_sums(x: Tensor, y: Tensor, acc: Tensor) -> None:
