@@ -66,7 +66,11 @@ def split(x: Tensor, dm: Dims, size: int, rot: bool, ctx: Context, salt: str, fu
     else:
         flat = x.new_zeros((rows, width), dtype=torch.float32)  # (rows, d padded), zeros beyond d
         flat[:, :d] = x.reshape(rows, d)
-    pos = flat[:, :d].abs().topk(k, dim=1).indices  # (rows, k)
+    a = flat[:, :d].abs()  # (rows, d)
+    pos = a.new_empty((rows, k), dtype=torch.int64)
+    for j in range(k):  # the largest first; of equals the lowest position (argmax's choice; topk's is unspecified)
+        pos[:, j] = a.argmax(1)
+        a.scatter_(1, pos[:, j:j + 1], -1.0)
     vals = x.reshape(rows, d).gather(1, pos)  # (rows, k), exact, in x.dtype
     flat.scatter_(1, pos, 0.0)
     if rot:

@@ -30,8 +30,9 @@ from typing import ClassVar, Sequence
 import torch
 from torch import Tensor
 
-from . import fused, pivoted
-from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite
+from . import fused, pivoted, triton_vq
+from .base import (Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite, input_message,
+                   new_flag, settle)
 from .bits import pack_bits, packed_nbytes, unpack_bits
 from .groups import SCALE_DTYPES, check_kernel, check_scale, safe_scale
 
@@ -168,6 +169,13 @@ def search_grid(dim: int, code_bits: int, device: torch.device = torch.device("c
     return Grid(-half, 1 / h, cells, cand, cand.t().contiguous())
 
 
+@functools.cache
+def kernel_grid(dim: int, code_bits: int, device: torch.device) -> triton_vq.Grid:
+    """`search_grid` as the device kernel reads it: one byte per candidate index."""
+    g = search_grid(dim, code_bits)
+    return triton_vq.Grid(g.candidates.to(device=device, dtype=torch.uint8), g.lo, g.inv_h, g.cells)
+
+
 def nearest_pruned(v: Tensor, cb: Tensor, grid: Grid) -> Tensor:
     """`nearest`'s codes, measuring only the candidates of each vector's cell (vectors beyond the grid: every point)."""
     f = (v - grid.lo) * grid.inv_h  # (n, dim) in cell units
@@ -191,6 +199,24 @@ def nearest_pruned(v: Tensor, cb: Tensor, grid: Grid) -> Tensor:
     if not bool(inside.all()):
         out[~inside] = nearest(v[~inside], cb)
     return out
+
+
+def tree_sum(t: Tensor) -> Tensor:
+    """Each row of t (n, m) summed in a fixed order that a device kernel repeats: the first half plus the second,
+    until one is left (rows zero-padded to a power of two; torch's own sum order differs by device)."""
+    if t.shape[1] & (t.shape[1] - 1):
+        t = torch.nn.functional.pad(t, (0, (1 << t.shape[1].bit_length()) - t.shape[1]))  # (n, 2**ceil(log2 m))
+    while t.shape[1] > 1:
+        h = t.shape[1] // 2
+        t = t[:, :h] + t[:, h:]  # (n, h)
+    return t[:, 0]  # (n,)
+
+
+@functools.cache
+def max_coord(dim: int, code_bits: int) -> float:
+    """The codebook's largest |coordinate| (an fp32 value): a tile's scale times it is the decoder's largest
+    product."""
+    return float(codebook(dim, code_bits).abs().max())
 
 
 def search(v: Tensor, cb: Tensor, c: VectorQuantConfig) -> Tensor:
@@ -219,15 +245,29 @@ class VectorQuant(Compressor):
     def _encode(self, x: Tensor, ctx: Context) -> Payload:
         c = self.config
         dm = self._dims(tuple(x.shape), ctx.name)
+        cb = codebook(c.dim, c.code_bits, x.device)  # (points, dim)
+        spec, dtype = self.spec, x.dtype  # the message must not hold x: a deferred check keeps it until read
+        message = lambda: (  # noqa: E731
+            f"{ctx.name}: {spec} at step {ctx.step}: a tile's RMS times the codebook's outermost point overflows fp32 "
+            f"or scale={c.scale} in {dtype}; values this close to the dtype's max need absmax scales: int<b>:rot or "
+            "tile")
+        if self._on_device(x):  # one kernel: pivots, rotation, scales, search, packing, and both checks
+            flag_in = new_flag(ctx, x.device, FloatingPointError, input_message(ctx)) if (
+                self.nonfinite == "raise") else None
+            flag_ovf = new_flag(ctx, x.device, FloatingPointError, message)
+            tensors = triton_vq.encode(x, cb, max_coord(c.dim, c.code_bits), c.size, c.dim, c.code_bits, c.pivots,
+                                       c.rot, ctx.noise_key("vq-rot") if c.rot else 0, SCALE_DTYPES[c.scale], flag_in,
+                                       flag_ovf, kernel_grid(c.dim, c.code_bits, x.device))
+            for f in (flag_in, flag_ovf):
+                if f is not None:
+                    settle(f, ctx)
+            return Payload(tensors, x.shape, x.dtype)
         t, pivots = pivoted.split(x, dm, c.size, c.rot, ctx, "vq-rot", c.kernel == "fused")  # (tiles, size)
         peak = t.abs().amax(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)  # (tiles, 1)
-        scale = ((t / peak).square().mean(1).sqrt() * peak[:, 0]).to(SCALE_DTYPES[c.scale])  # (tiles,) RMS; no overflow
-        cb = codebook(c.dim, c.code_bits, x.device)  # (points, dim)
-        spec = self.spec
-        expect_finite(scale.float() * cb.abs().max(), ctx, FloatingPointError, lambda: (  # the decoder's largest product
-            f"{ctx.name}: {spec} at step {ctx.step}: a tile's RMS times the codebook's outermost point overflows fp32 "
-            f"or scale={c.scale} in {x.dtype}; values this close to the dtype's max need absmax scales: int<b>:rot or "
-            "tile"), lambda: f" (max |x| {float(x.abs().max()):.4g})")
+        rms = (tree_sum((t / peak).square()) / c.size).sqrt() * peak[:, 0]  # (tiles,); no overflow on the way
+        scale = rms.to(SCALE_DTYPES[c.scale])
+        expect_finite(scale.float() * max_coord(c.dim, c.code_bits), ctx, FloatingPointError, message,
+                      lambda: f" (max |x| {float(x.abs().max()):.4g})")  # the decoder's largest product
         v = (t / safe_scale(scale.float())[:, None]).reshape(-1, c.dim)  # (tiles * size / dim, dim)
         codes = search(v, cb, c) if c.kernel == "fused" else nearest(v, cb)  # (tiles * size / dim,)
         return Payload((pack_bits(codes, c.code_bits), scale, *pivots), x.shape, x.dtype)
@@ -237,11 +277,33 @@ class VectorQuant(Compressor):
         shape = tuple(payload.shape)
         dm = self._dims(shape, ctx.name)
         packed, scale, *pivots = payload.tensors
-        codes = unpack_bits(packed, c.code_bits, dm.tiles * c.size // c.dim).long()  # (tiles * size / dim,)
         cb = codebook(c.dim, c.code_bits, packed.device)  # (points, dim)
+        if self._on_device(packed, shape):
+            flag = new_flag(ctx, packed.device, FloatingPointError, self.output_message(ctx, payload.dtype)) if (
+                self.nonfinite == "raise") else None
+            out = triton_vq.decode(packed, cb, scale, *pivots, shape, payload.dtype, c.size, c.dim, c.code_bits, c.rot,
+                                   ctx.noise_key("vq-rot") if c.rot else 0, flag)
+            if flag is not None:
+                settle(flag, ctx)
+            return out
+        codes = unpack_bits(packed, c.code_bits, dm.tiles * c.size // c.dim).long()  # (tiles * size / dim,)
         t = cb.index_select(0, codes).reshape(dm.tiles, c.size)  # (tiles, size)
         t = t * scale.float()[:, None]
         return pivoted.merge(t, pivots, dm, shape, payload.dtype, c.rot, ctx, "vq-rot", c.kernel == "fused")
+
+    def screens_input(self, x: Tensor) -> bool:
+        return self._on_device(x)
+
+    def screens_output(self, payload: Payload) -> bool:
+        return bool(payload.tensors) and self._on_device(payload.tensors[0], tuple(payload.shape))
+
+    def _on_device(self, like: Tensor, shape: tuple[int, ...] | None = None) -> bool:
+        """Whether the device kernels (ops/triton_vq.py) encode and decode this tensor (of `like`'s shape, or
+        `shape` where `like` is a payload's)."""
+        c = self.config
+        shape = tuple(like.shape) if shape is None else shape
+        return (c.kernel == "fused" and len(shape) > 0 and shape[-1] < pivoted.MAX_ROW
+                and triton_vq.usable(like, shape[-1], c.size, c.dim, c.code_bits))
 
 
 # --- the codebooks: written once by `python -m pp_compress.ops.vq`, shipped as constants ---------------------------

@@ -6,16 +6,9 @@ import sys
 import pytest
 import torch
 
-if "pp_compress.ops._triton_int_kernels" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("the kernels were compiled for a device in this process; the interpreter cannot take them over",
-                allow_module_level=True)
-_before = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are defined, as their module is imported
-from pp_compress.ops import _triton_int_kernels  # noqa: E402,F401
-if _before is None:  # the rest of the test session sees the environment it had
-    del os.environ["TRITON_INTERPRET"]
-else:
-    os.environ["TRITON_INTERPRET"] = _before
+from tests.unit.ops.interpreted import import_kernels  # noqa: E402
+
+import_kernels("_triton_int_kernels")
 
 import pp_compress as ppc  # noqa: E402
 from pp_compress.ops import triton_int, triton_launch  # noqa: E402
