@@ -16,6 +16,7 @@ the default pruned search, which looks a vector's grid cell up in a table of the
 anywhere in that cell (a bound computed once per codebook), and measures only those.
 Rounding is to the nearest point (the lowest index on a tie): biased, like int<b> without `stoch`.
 Wire: tiles * size / dim codes of bits * dim bits, one RMS scale per tile, the pivots (values, int16 positions).
+On a CUDA device with Triton, Triton kernels encode and decode (ops/triton_vq.py), bitwise `kernel=eager`.
 """
 from __future__ import annotations
 
@@ -251,7 +252,7 @@ class VectorQuant(Compressor):
             f"{ctx.name}: {spec} at step {ctx.step}: a tile's RMS times the codebook's outermost point overflows fp32 "
             f"or scale={c.scale} in {dtype}; values this close to the dtype's max need absmax scales: int<b>:rot or "
             "tile")
-        if self._on_device(x):  # one kernel: pivots, rotation, scales, search, packing, and both checks
+        if self._on_device(x):  # two kernels: pivots, rotation, scales and both checks; search and packing
             flag_in = new_flag(ctx, x.device, FloatingPointError, input_message(ctx)) if (
                 self.nonfinite == "raise") else None
             flag_ovf = new_flag(ctx, x.device, FloatingPointError, message)

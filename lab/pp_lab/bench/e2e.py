@@ -244,6 +244,7 @@ def main() -> None:
               "--eval-every", "0", "--eval-batches", "1", "--overwrite", *([] if args.tied else ["--untied"])]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     results: list[dict] = []
+    timelines: dict[tuple[str, str], tuple[list[tuple[int, float]], list[str]]] = {}
     for ns, (name, rate, latency), lenv in shaped_links(args.stages, links, mode == "netns+tbf", env):
         for spec in specs:
             out = args.work / f"{name}_{re.sub(r'[^A-Za-z0-9.]+', '-', spec)}"
@@ -260,13 +261,40 @@ def main() -> None:
             base = next((b for b in results if b["link"] == name and b["spec"] == "none"), None)
             r["speedup"] = base["step_s"] / r["step_s"] if base else None
             results.append(r)
+            if "~" in name:  # a link that changes during the run: each step's time, and auto's decisions
+                timelines[name, spec] = ([(x["step"], x["step_s"]) for x in rows if x["kind"] == "train"],
+                                         AUTO_LINE.findall(log))
             print(f"{name:>8s} {spec:24s} step {r['step_s']:.3f} s  {r['tokens_per_s']:7.0f} tok/s  wire "
                   f"{(r['act_wire'] + r['grad_wire']) / 1e6:6.2f} MB/step"
                   + (f"  speedup {r['speedup']:.2f}x" if r["speedup"] else "") + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
-    write(results, args, mode)
+    write(results, args, mode, timelines)
 
 
-def write(results: list[dict], args: argparse.Namespace, mode: str) -> None:
+AUTO_LINE = re.compile(r"step \d+: pp_compress auto: boundary \d+ \w+: [^\n]*")
+"""auto's log line of a decision at a step (pp_compress.auto.decide_round)."""
+
+
+def timeline(timelines: dict[tuple[str, str], tuple[list[tuple[int, float]], list[str]]]) -> list[str]:
+    """Markdown: per link that changes during the run, each step's time per spec side by side, then auto's
+    decisions with their steps."""
+    lines = []
+    for link in dict.fromkeys(name for name, _ in timelines):
+        specs = [spec for name, spec in timelines if name == link]
+        steps = sorted({s for spec in specs for s, _ in timelines[link, spec][0]})
+        lines += ["", f"Step times (s) on `{link}`, whose link changes during the run:", "",
+                  "| step | " + " | ".join(f"`{spec}`" for spec in specs) + " |", "|---|" + "---|" * len(specs)]
+        for step in steps:
+            cells = [next((f"{t:.3f}" for s, t in timelines[link, spec][0] if s == step), "") for spec in specs]
+            lines.append(f"| {step} | " + " | ".join(cells) + " |")
+        for spec in specs:
+            if timelines[link, spec][1]:
+                lines += ["", f"`{spec}`'s decisions (the sender's log, deduplicated across processes):", ""]
+                lines += [f"- {d}" for d in dict.fromkeys(timelines[link, spec][1])]
+    return lines
+
+
+def write(results: list[dict], args: argparse.Namespace, mode: str,
+          timelines: dict[tuple[str, str], tuple[list[tuple[int, float]], list[str]]] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out.with_suffix(".csv"), "w", newline="") as f:
         w = csv.DictWriter(f, list(results[0]))
@@ -291,6 +319,7 @@ def write(results: list[dict], args: argparse.Namespace, mode: str) -> None:
         sp = f"{r['speedup']:.2f}x" if r["speedup"] else ""
         lines.append(f"| `{link}` | {latency} | `{r['spec']}` | {(r['act_wire'] + r['grad_wire']) / 1e6:.2f} | "
                      f"{r['step_s']:.3f} | {r['tokens_per_s']:,.0f} | {sp} |")
+    lines += timeline(timelines or {})
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(results, args.out.with_suffix(".png"))

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pp_lab.bench.e2e import LINKS, netns_permitted, parse_link
+from pp_lab.bench.e2e import AUTO_LINE, LINKS, netns_permitted, parse_link, timeline
 from pp_lab.bench.throttle import delay_s
 from tests.integration.launch import ROOT
 
@@ -18,6 +18,18 @@ def test_parse_link_forms_and_errors():
     assert parse_link("2.5gbit@0.3ms") == ("2.5gbit", 2500.0, 0.3)
     with pytest.raises(argparse.ArgumentTypeError, match="'5kbit'.*accepted: none, <N>mbit"):
         parse_link("5kbit")
+
+
+def test_a_changing_link_gets_a_table_of_step_times_and_autos_decisions():
+    log = ("[rank 1] step 0: pp_compress auto: boundary 1 act: link 1 GB/s, 0.1 ms; none: 1 ms per message expected\n"
+           "noise\n[rank 2] step 8: pp_compress auto: boundary 1 grad: link 0.001 GB/s, 20 ms; aggressive (x): 9 ms\n")
+    decisions = AUTO_LINE.findall(log)
+    assert [d.split(":")[0] for d in decisions] == ["step 0", "step 8"] and "noise" not in "".join(decisions)
+    link = "0=none~9s=5mbit"
+    lines = timeline({(link, "none"): ([(1, 0.5), (2, 3.25)], []), (link, "auto"): ([(1, 0.6)], decisions)})
+    table = "\n".join(lines)
+    assert "| step | `none` | `auto` |" in table and "| 1 | 0.500 | 0.600 |" in table and "| 2 | 3.250 |  |" in table
+    assert "- step 8: pp_compress auto: boundary 1 grad" in table and table.count("decisions") == 1
 
 
 def test_delay_model():
