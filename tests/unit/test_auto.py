@@ -65,6 +65,13 @@ def test_a_link_is_measured_from_round_trips():
         Link(0.0, 1e-3)
 
 
+def test_a_trip_slowed_by_something_else_does_not_make_a_fast_link_look_slow():
+    """One descheduled round trip of each size, among few: the link is still measured at its speed."""
+    slow = iter([True, False, True, False])  # the first trip of each size waits 50 ms on something else
+    link = measure_link(lambda n: 1e-4 + n / 10e9 + (0.05 if next(slow) else 0.0), 2 * MB, reps=2)
+    assert link.bandwidth == pytest.approx(10e9, rel=1e-6) and link.latency == pytest.approx(5e-5)
+
+
 # --- the decision round between two stages, over an in-memory link -----------------------------------------------
 
 class Wire:
