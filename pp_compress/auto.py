@@ -248,11 +248,14 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
 
 def _drifted(policy: "BoundaryPolicy", step: int) -> bool:
     """Whether this stage's time per step since the last round differs by more than DRIFT from the window before
-    (the rounds themselves excluded); updates the windows."""
+    (the rounds themselves excluded, and the first window, after the first round, which holds the engine's warm-up);
+    updates the windows."""
     if policy.last_round is None:
         return False
     t, s = policy.last_round
     now = (time.perf_counter() - t) / max(step - s, 1)
+    if policy.rounds < 2:  # the first window holds the engine's warm-up steps: no baseline for a drift
+        return False
     before, policy.window = policy.window, now
     return before is not None and abs(now / before - 1) > DRIFT
 

@@ -228,6 +228,7 @@ def test_a_known_link_is_not_probed_again_until_the_step_time_drifts():
     # the step time since the last round is 100x the window before it: the link may have changed, measure it again
     import time as clock
 
+    assert pols[0].window is None  # the first window (the engine's warm-up) is no baseline
     pols[0].window = 1e-4
     pols[0].last_round = (clock.perf_counter() - 0.01, 2)
     remember(*pols, x, step=2)
