@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
-from pp_lab.bottleneck import INITS, Basis, calibrate, fixed_basis
+from pp_lab.bottleneck import INITS, Basis, Decoder, Encoder, calibrate, fixed_basis
 from pp_lab.model import GPT, GPTConfig, stage_cuts
 from pp_lab.paths import CONFIGS
 
@@ -84,6 +85,9 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
     ap.add_argument("--bottleneck-calib", type=int, default=24, help="training sequences the pca init is computed on")
     ap.add_argument("--bottleneck-frozen", action="store_true",
                     help="keep the encoders and decoders at their initialisation (a fixed subspace)")
+    ap.add_argument("--bottleneck-lr-scale", type=float, default=1.0, metavar="F",
+                    help="the encoders' and decoders' learning rate is F x --lr (new layers in a pretrained model "
+                         "often learn at a larger rate than its body); the schedule scales both alike")
     ap.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
     ppd.add_argparse_args(ap)
     deepspeed.add_config_arguments(ap)
@@ -140,12 +144,27 @@ def warn_if_slow_bf16(bf16: bool, cpuinfo: str | None = None) -> None:
                       "than fp32 here (57x measured on an AMD EPYC); drop --bf16 on this machine", RuntimeWarning, stacklevel=2)
 
 
+def param_groups(module: nn.Module, lr: float, bottleneck_scale: float) -> list[dict[str, Any]]:
+    """The optimizer's parameter groups: the trainable parameters at `lr`, the bottleneck's encoders and decoders at
+    lr x bottleneck_scale (a group only where it has parameters)."""
+    if not bottleneck_scale > 0:
+        raise SystemExit(f"--bottleneck-lr-scale {bottleneck_scale}; accepted: a number > 0")
+    inner = {id(p) for m in module.modules() if isinstance(m, (Encoder, Decoder)) for p in m.parameters()}
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trainable if id(p) not in inner], "lr": lr},
+              {"params": [p for p in trainable if id(p) in inner], "lr": lr * bottleneck_scale}]
+    return [g for g in groups if g["params"]]
+
+
 def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | Path | None,
                     train_ds: Any) -> tuple[GPTConfig, dict[int, Basis] | None]:
     """The model config with --bottleneck at the pipeline's cuts, and the bases its encoders and decoders start from
     (None: seeded random ones). The pca init runs the checkpoint's model in this process on the first
     --bottleneck-calib training sequences; call it before seeding the weights (it draws random numbers)."""
     if args.bottleneck is None:
+        if args.bottleneck_lr_scale != 1.0:
+            raise SystemExit(f"--bottleneck-lr-scale {args.bottleneck_lr_scale} without --bottleneck: there is no "
+                             "bottleneck to train")
         return cfg, None
     cuts = tuple(int(c) - 1 for c in stage_cuts(cfg, args.stages))  # layer index (embedding first) -> block index
     cfg = dataclasses.replace(cfg, bottleneck=args.bottleneck, bottleneck_after=cuts, bottleneck_sink=args.bottleneck_sink,
@@ -403,7 +422,7 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
             print("pp_compress: the model sends [seq, batch, hidden], so batch_dim=1", file=sys.stderr)
         compression = dataclasses.replace(compression, batch_dim=1)
     engine, *_ = ppd.initialize(model=module, config=config, compression=compression,
-                                model_parameters=[p for p in module.parameters() if p.requires_grad])
+                                model_parameters=param_groups(module, args.lr, args.bottleneck_lr_scale))
     ckpt = args.out / "ckpt"
     if args.resume:
         path, _ = engine.load_checkpoint(str(ckpt))

@@ -78,3 +78,16 @@ def test_the_pca_init_starts_a_pretrained_model_close_to_itself(tmp_path):
     rc, log = run_job(PRETRAIN, 2, *TINY, "--steps", "1", "--bottleneck", "8", "--bottleneck-init", "pca",
                       "--out", str(tmp_path / "scratch"))
     assert rc != 0 and "--bottleneck-init pca needs a pretrained --checkpoint" in log
+
+
+def test_the_bottleneck_learns_at_its_scaled_rate_in_the_engine(tmp_path):
+    """--bottleneck-lr-scale reaches DeepSpeed's optimizer as a parameter group of its own, and the schedule keeps
+    the ratio: each stage's saved optimizer holds its encoder or decoder at 10x the body's rate."""
+    import torch
+
+    ok(*run_job(PRETRAIN, 2, *TINY, "--steps", "2", "--save-every", "2", "--eval-every", "2", "--bottleneck", str(K),
+                "--bottleneck-lr-scale", "10", "--pp-compress", "none", "--out", str(tmp_path)))
+    for rank in (0, 1):
+        state = torch.load(tmp_path / f"ckpt/global_step2/mp_rank_0{rank}_model_states.pt", weights_only=False)
+        body, inner = state["optimizer"]["param_groups"]
+        assert inner["lr"] == pytest.approx(10 * body["lr"]) and len(inner["params"]) == 2  # a weight and a bias

@@ -85,3 +85,22 @@ def test_the_state_digest_changes_with_any_bit_and_only_then():
     assert train.digest({**state, "w": state["w"].reshape(3, 2)}) != train.digest(state)  # the shape counts
     assert train.digest({**state, "w": state["w"].double()}) != train.digest(state)  # and the dtype
     assert train.digest({**state, "opt": {"step": torch.tensor(3.0), "lr": [2e-3]}}) != train.digest(state)
+
+
+def test_the_bottleneck_learns_at_its_own_rate_and_the_rest_at_lr():
+    from torch import nn
+
+    from pp_lab.bottleneck import Decoder, Encoder, fixed_basis
+
+    basis = fixed_basis(16, 4, "random", 0)
+    body, frozen = nn.Linear(16, 16), nn.Linear(16, 16)
+    frozen.requires_grad_(False)
+    model = nn.ModuleList([body, Encoder(16, 4, 1, 1, basis, True), frozen, Decoder(16, 4, 1, basis, True)])
+    groups = train.param_groups(model, 1e-4, 10.0)
+    assert [g["lr"] for g in groups] == [1e-4, pytest.approx(1e-3)]
+    assert [len(g["params"]) for g in groups] == [2, 4]  # the body's weight and bias; each side's weight and bias
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for m in model[1::2] for p in m.parameters()}
+    plain = train.param_groups(nn.ModuleList([body]), 1e-4, 1.0)  # no bottleneck: one group, as before
+    assert len(plain) == 1 and plain[0]["lr"] == 1e-4
+    with pytest.raises(SystemExit, match="--bottleneck-lr-scale 0.0; accepted: a number > 0"):
+        train.param_groups(model, 1e-4, 0.0)

@@ -194,7 +194,11 @@ SMOLLM2: dict[str, str] = {
 # before training when all three cuts project at once), the bottleneck's own cost (no codec), d/8 through int8:rot
 # and d/4 through vq (near 1 bit), the fixed-subspace control (the same initial basis, never trained), then the
 # rest of the grid, down to d/16 through vq (near ResBM's 128x). Each run is evaluated before its first step too (the initialisation's loss).
-BOTTLENECK_ORDER = [(144, "int8rot", ""), (288, "vq4", ""), (144, "none", ""), (72, "int8rot", ""), (144, "vq4", ""),
+# After the first three rows (d/2 through vq +0.097, most of it the bottleneck's own cost), d/2 through vq again with the
+# bottleneck learning at 10x the body's rate (`lr10`: new layers in a pretrained model, as MAPL and ResBM train theirs
+# at a from-scratch rate), before the narrower settings.
+BOTTLENECK_ORDER = [(144, "int8rot", ""), (288, "vq4", ""), (144, "none", ""), (288, "vq4", "lr10"), (72, "int8rot", ""),
+                    (144, "vq4", ""),
                     (144, "int8rot", "frozen"), (36, "int8rot", ""), (72, "vq4", ""), (72, "none", ""),
                     (36, "none", ""), (36, "vq4", "")]
 BN_CODECS = {"none": "none", "int8rot": "int8:rot", "vq4": "act=vq:4,grad=vq:3"}
@@ -202,7 +206,8 @@ for _k, _codec, _variant in BOTTLENECK_ORDER:
     _name = f"sm-bn{_k}{'-' + _variant if _variant else ''}-{_codec}"
     SMOLLM2[_name] = BN_CODECS[_codec]
     EXTRA[_name] = ["--bottleneck", str(_k), "--bottleneck-group", str(576 // _k),
-                    *(["--bottleneck-frozen"] if _variant == "frozen" else [])]
+                    *(["--bottleneck-frozen"] if _variant == "frozen" else []),
+                    *(["--bottleneck-lr-scale", "10"] if _variant == "lr10" else [])]
 AT_START = {n for n in SMOLLM2 if n.startswith("sm-bn")}
 """Settings evaluated before their first step as well (--eval-at-start)."""
 SM_COMMON = ["--stages", "4", "--data", "austen", "--steps", "200", "--seq-len", "128", "--micro-batch", "4",
