@@ -135,9 +135,8 @@ class IntQuant(Compressor):
         size = 0 if on_device else self._fused_rot_size(tuple(x.shape), x, n)
         if on_device:  # one kernel: [rotation], scales, rounding, packing
             key = ctx.noise_key("int") if c.stoch else None
-            # the kernel looks for NaN/Inf in x itself; scales in bf16 or fp32 cannot overflow
             flag = new_flag(ctx, x.device, FloatingPointError, input_message(ctx)) if (
-                self.nonfinite == "raise" and c.scale != "fp16") else None
+                self.nonfinite == "raise" and self._kernel_checks_input()) else None
             codes, scale = triton_int.sym_encode(x, c.bits, SCALE_DTYPES[c.scale], n,
                                                  ctx.noise_key("rot") if n else 0, key, flag)
             p = Payload((codes, scale), x.shape, x.dtype)
@@ -185,7 +184,12 @@ class IntQuant(Compressor):
         return hadamard.unrotate(y, n, ctx.noise_key("rot"), payload.dtype, self.config.kernel == "fused")
 
     def screens_input(self, x: Tensor) -> bool:
-        return self.config.scale != "fp16" and self._on_device(x, x.shape[-1] if x.dim() else 1, self._rot(x.shape))
+        return self._kernel_checks_input() and self._on_device(x, x.shape[-1] if x.dim() else 1, self._rot(x.shape))
+
+    def _kernel_checks_input(self) -> bool:
+        """Whether the device kernel's NaN/Inf flag stands for compress's input check: with bf16 or fp32 scales,
+        which cannot overflow, a flagged row can only be one of x's own (fp16 scales need the scales' check too)."""
+        return self.config.scale != "fp16"
 
     def screens_output(self, payload: Payload) -> bool:
         shape = tuple(payload.shape)
