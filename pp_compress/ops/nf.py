@@ -16,14 +16,15 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor
 
-from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite
+from .base import (Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite, input_message,
+                   new_flag, settle)
 from .bits import MAX_LEVELS, levels_nbytes, pack_levels, unpack_levels
-from . import fused
+from . import fused, triton_nf
 from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, check_kernel, check_per, check_scale, from_groups, group_dims,
                      round_scale, safe_scale, to_groups)
 
@@ -49,6 +50,13 @@ def _table(n: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """(levels, midpoints between neighbouring levels) on `device`, built once: encode runs every micro-batch."""
     lv = levels(n).to(device)  # (n,)
     return lv, (lv[1:] + lv[:-1]) / 2
+
+
+@functools.cache
+def _search_table(n: int, device: torch.device) -> Tensor:
+    """The midpoints after -inf ((n,) on `device`): the device encoder's binary search for the nearest level."""
+    _, mid = _table(n, device)
+    return torch.cat([mid.new_tensor([-float("inf")]), mid])
 
 
 @dataclass(frozen=True)
@@ -128,6 +136,17 @@ class NormalFloat(Compressor):
     def _encode(self, x: Tensor, ctx: Context) -> Payload:
         c = self.config
         lv, mid = _table(c.levels, x.device)  # (levels,), (levels - 1,)
+        if group := self._device_group(x, tuple(x.shape)):  # one kernel: scales, levels, packing, both checks
+            flag_in = new_flag(ctx, x.device, FloatingPointError, input_message(ctx)) if (
+                self.nonfinite == "raise") else None
+            flag_scale = new_flag(ctx, x.device, FloatingPointError, self._scale_message(ctx))
+            codes, scale = triton_nf.encode(x, lv, _search_table(c.levels, x.device), group, c.levels.bit_length() - 1,
+                                            SCALE_DTYPES[c.scale], ctx.noise_key("nf") if c.stoch else None, flag_in,
+                                            flag_scale)
+            for f in (flag_in, flag_scale):
+                if f is not None:
+                    settle(f, ctx)
+            return Payload((codes, scale), x.shape, x.dtype)
         size = self._fused_size(tuple(x.shape), x)
         if size:  # one pass per group: absmax, scale, nearest level, packing
             codes, scale = fused.kernels().nf_encode(x.reshape(-1, size).contiguous(), mid, c.levels.bit_length() - 1,
@@ -153,14 +172,42 @@ class NormalFloat(Compressor):
         return Payload((pack_levels(codes.reshape(-1), c.levels), scale), x.shape, x.dtype)
 
     def _check_scale(self, scale: Tensor, x: Tensor, ctx: Context) -> None:
+        expect_finite(scale, ctx, FloatingPointError, self._scale_message(ctx),
+                      lambda: f" (max |x| {float(x.abs().max()):.4g} in {x.dtype})")
+
+    def _scale_message(self, ctx: Context) -> Callable[[], str]:
         spec, name = self.spec, self.config.scale
-        expect_finite(scale, ctx, FloatingPointError, lambda: (
-            f"{ctx.name}: {spec} absmax overflows scale={name} at step {ctx.step}; use scale=bf16 or scale=fp32"),
-            lambda: f" (max |x| {float(x.abs().max()):.4g} in {x.dtype})")
+        return lambda: (f"{ctx.name}: {spec} absmax overflows scale={name} at step {ctx.step}; use scale=bf16 or "
+                        "scale=fp32")
+
+    def screens_input(self, x: Tensor) -> bool:
+        return bool(self._device_group(x, tuple(x.shape)))
+
+    def screens_output(self, payload: Payload) -> bool:
+        return bool(payload.tensors) and bool(self._device_group(payload.tensors[0], tuple(payload.shape)))
+
+    def _device_group(self, like: Tensor, shape: tuple[int, ...]) -> int:
+        """The group size when the device kernels (ops/triton_nf.py) take a tensor of `shape` (0 when not): a
+        power-of-two level count, groups of consecutive values that tile it, on a CUDA device."""
+        c = self.config
+        if c.kernel != "fused" or c.levels & (c.levels - 1) or c.per == "channel":
+            return 0
+        numel = TensorSpec(shape, torch.float32).numel
+        _, size = group_dims(shape, c.per)
+        return size if triton_nf.usable(like, numel, size, c.levels.bit_length() - 1) else 0
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
         c = self.config
         shape = tuple(payload.shape)
+        if group := self._device_group(payload.tensors[0], shape):
+            flag = new_flag(ctx, payload.tensors[0].device, FloatingPointError, self.output_message(ctx, payload.dtype)) \
+                if self.nonfinite == "raise" else None
+            lv, _ = _table(c.levels, payload.tensors[0].device)
+            out = triton_nf.decode(payload.tensors[0], lv, payload.tensors[1], shape, payload.dtype, group,
+                                   c.levels.bit_length() - 1, flag)
+            if flag is not None:
+                settle(flag, ctx)
+            return out
         size = self._fused_size(shape, payload.tensors[0])
         if size:
             lv, _ = _table(c.levels, payload.tensors[0].device)

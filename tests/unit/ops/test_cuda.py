@@ -117,6 +117,20 @@ def test_the_vq_kernels_are_the_eager_reference_on_cuda(spec, dtype, shape):
     assert torch.equal(op.decompress(got, ctx), eager.decompress(want, ctx))
 
 
+@pytest.mark.parametrize("spec", ["nf4", "nf6", "nf8:scale=fp32", "nf2:stoch", "nf5:stoch:per=block64"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_nf_kernels_are_the_eager_reference_on_cuda(spec, dtype):
+    """Compiled for the device, the kernels of ops/triton_nf.py give the eager reference's codes, scales and
+    reconstructions bitwise, as the interpreter does on CPU (tests/unit/ops/test_triton_nf.py)."""
+    x = (torch.randn(4, 128, 576, generator=torch.Generator().manual_seed(4)) * 3).to(device="cuda", dtype=dtype)
+    op, eager = ppc.build(spec), ppc.build(f"{spec}:kernel=eager")
+    ctx = ppc.Context(step=5, micro_batch=2)
+    assert op._device_group(x, tuple(x.shape))
+    want, got = eager.compress(x, ctx), op.compress(x, ctx)
+    assert all(torch.equal(a, b) for a, b in zip(got.tensors, want.tensors))
+    assert torch.equal(op.decompress(got, ctx), eager.decompress(want, ctx))
+
+
 def test_the_triton_kernels_take_fp16_and_report_non_finite_rows():
     from pp_compress.ops import triton_int
 
