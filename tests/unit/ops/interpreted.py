@@ -1,14 +1,22 @@
-"""Import this package's Triton kernels under Triton's interpreter (TRITON_INTERPRET=1), for the tests that run them on
-CPU tensors; skip the calling test module where this process already compiled them for a device."""
+"""What the device kernels' tests share: importing the kernels under Triton's interpreter (TRITON_INTERPRET=1) to run
+them on CPU tensors, the comparison with the eager reference, the non-finite errors of both paths side by side, and
+compiling the kernels for a Hopper GPU without one."""
 import importlib
 import os
+import subprocess
 import sys
+from typing import Callable
 
 import pytest
+import torch
+
+import pp_compress as ppc
+from pp_compress.ops.base import Compressor, Deferred, layout_nbytes
 
 
 def import_kernels(*names: str) -> None:
-    """Import pp_compress.ops.<name> for each name with the interpreter on, the environment restored afterwards."""
+    """Import pp_compress.ops.<name> for each name with the interpreter on, the environment restored afterwards; skip
+    the calling test module where this process already compiled the kernels for a device."""
     loaded = sys.modules.get("pp_compress.ops._triton_int_kernels")  # every kernel module imports its helpers
     if loaded is not None:
         from pp_compress.ops import triton_launch
@@ -26,3 +34,59 @@ def import_kernels(*names: str) -> None:
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = before
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch):
+    """Triton's interpreter reads the variable when a kernel runs too; other tests do not see it (import this fixture
+    into a test module to apply it there)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def assert_matches_reference(op: Compressor, eager: Compressor, x: torch.Tensor, ctx: ppc.Context) -> None:
+    """op's payload (dtypes, the layout's bytes, every tensor) and reconstruction are eager's, bitwise."""
+    want, got = eager.compress(x, ctx), op.compress(x, ctx)
+    assert [t.dtype for t in got.tensors] == [t.dtype for t in want.tensors]
+    assert got.nbytes == layout_nbytes(op.layout(tuple(x.shape), x.dtype, ctx))
+    assert all(torch.equal(a, b) for a, b in zip(got.tensors, want.tensors)), (op.spec, tuple(x.shape))
+    y = op.decompress(got, ctx)
+    assert y.dtype == x.dtype and torch.equal(y, eager.decompress(want, ctx)), (op.spec, tuple(x.shape))
+
+
+def errors(specs: tuple[str, ...], call: Callable[[Compressor, ppc.Context], object], deferred: bool = False,
+           nonfinite: str = "raise", step: int = 2) -> list[str]:
+    """The FloatingPointError each spec's operator raises in `call` (with the step's checks deferred and read after
+    it, if `deferred`), ':kernel=eager' taken out of the messages."""
+    out = []
+    for spec in specs:
+        op = ppc.parse_spec(spec).spec_for(0, "act").build(nonfinite)
+        ctx = ppc.Context(step=step, deferred=Deferred() if deferred else None)
+        with pytest.raises(FloatingPointError) as e:
+            call(op, ctx)
+            if deferred:
+                ctx.deferred.raise_pending()
+        out.append(str(e.value).replace(":kernel=eager", ""))
+    return out
+
+
+def hopper_ptx(fn, sig: dict[str, str], consts: dict, warps: int) -> str:
+    """The PTX of the kernel `fn` compiled for sm_90 (no GPU needed) for runtime arguments of Triton types `sig` (in
+    the kernel's order; pointers 16-byte aligned, as torch's) and `consts`, without contracted multiply-adds (as
+    ops/triton_launch.py launches it); asserts that it holds no contracted or approximate fp32 arithmetic."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
+    ptx = compile(ASTSource(fn, {**sig, **{n: "constexpr" for n in consts}}, consts, aligned),
+                  target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]
+    for approx in ("fma.rn.f32", "div.full", "sqrt.approx"):  # the reference's IEEE roundings
+        assert approx not in ptx, (fn, sig, approx)
+    return ptx
+
+
+def compiles_for_hopper(script: str) -> None:
+    """Run `script` (which prints 'compiled' at its end; it may use `hopper_ptx`) without the interpreter: the device
+    compiler's front end and PTX back end run without a GPU."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

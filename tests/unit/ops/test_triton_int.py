@@ -1,29 +1,21 @@
 """The Triton kernels (ops/triton_int.py) give the eager reference's codes, scales and reconstructions bitwise, run by
 Triton's interpreter on CPU tensors (on a GPU the same checks run compiled: tests/unit/ops/test_cuda.py)."""
-import os
-import sys
 
 import pytest
 import torch
 
-from tests.unit.ops.interpreted import import_kernels  # noqa: E402
+from tests.unit.ops.interpreted import (assert_matches_reference, compiles_for_hopper, errors, import_kernels,  # noqa: E402
+                                        interpreter)  # noqa: F401 - the fixture applies here
 
 import_kernels("_triton_int_kernels")
 
 import pp_compress as ppc  # noqa: E402
 from pp_compress.ops import triton_int, triton_launch  # noqa: E402
 from pp_compress.ops.base import Deferred, Flag  # noqa: E402
-from pp_compress.ops.base import layout_nbytes  # noqa: E402
 
 SPECS = ["int8", "int8:rot", "int8:stoch", "int4", "int4:rot", "int3:rot:stoch", "int2:stoch", "int5:rot",
          "int6", "int7:rot=16", "int8:rot=2", "int8:scale=fp16", "int4:scale=fp32:rot"]
 SHAPES = [(2, 3, 576), (4, 512), (3, 40), (1, 24)]
-
-
-@pytest.fixture(autouse=True)
-def interpreter(monkeypatch):
-    """Triton's interpreter reads the variable when a kernel runs too; other tests do not see it."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture
@@ -52,13 +44,7 @@ def test_the_device_kernels_are_the_eager_reference_bitwise(spec, dtype, interpr
         n = op.config.rot_block(shape, "test")
         if not triton_int.supports(shape[-1], op.config.bits, n):
             continue
-        x, ctx = sample(shape, dtype), ppc.Context(step=3, micro_batch=1)
-        want, got = eager.compress(x, ctx), op.compress(x, ctx)
-        assert [t.dtype for t in got.tensors] == [t.dtype for t in want.tensors]
-        assert got.nbytes == layout_nbytes(op.layout(shape, dtype, ctx))
-        assert all(torch.equal(a, b) for a, b in zip(got.tensors, want.tensors)), (spec, shape)
-        y = op.decompress(got, ctx)
-        assert y.dtype == dtype and torch.equal(y, eager.decompress(want, ctx)), (spec, shape)
+        assert_matches_reference(op, eager, sample(shape, dtype), ppc.Context(step=3, micro_batch=1))
         checked += 1
     assert checked >= 2  # every spec meets at least two of the shapes
 
@@ -143,68 +129,49 @@ def test_the_launch_cache_key_tells_apart_what_triton_specializes_on():
 def test_a_non_finite_input_is_reported_like_the_reference(interpreted):
     x = sample((4, 64), torch.float32)
     x[1, 3] = float("inf")
-    with pytest.raises(FloatingPointError) as want:
-        ppc.build("int8:rot:kernel=eager").compress(x, ppc.Context())
-    with pytest.raises(FloatingPointError) as got:
-        ppc.build("int8:rot").compress(x, ppc.Context())
+    want, got = errors(("int8:rot:kernel=eager", "int8:rot"), lambda op, ctx: op.compress(x, ctx), step=0)
     # read off the kernel's scales, not a scan of x: the same error without the reference's count of bad values
-    assert str(want.value).startswith(str(got.value)) and "input has NaN/Inf values at step 0" in str(got.value)
+    assert want.startswith(got) and "input has NaN/Inf values at step 0" in got
 
 
 @pytest.mark.parametrize("spec", ["int8", "int4:rot"])
 def test_a_decoded_non_finite_value_is_reported_like_the_reference(spec, interpreted):
     """A corrupt scale (or a reconstruction beyond the dtype's range) is caught by the decode kernel's own flag."""
     op, eager, ctx = ppc.build(spec), ppc.build(f"{spec}:kernel=eager"), ppc.Context(step=4)
-    x = sample((4, 64), torch.float16)
-    p = op.compress(x, ctx)
+    p = op.compress(sample((4, 64), torch.float16), ctx)
     bad = ppc.ops.Payload((p.tensors[0], p.tensors[1].clone().index_fill_(0, torch.tensor([2]), float("inf"))),
                           p.shape, p.dtype)
-    with pytest.raises(FloatingPointError) as want:
-        eager.decompress(bad, ctx)
-    with pytest.raises(FloatingPointError) as got:
-        op.decompress(bad, ctx)
-    assert str(want.value).replace(":kernel=eager", "").startswith(str(got.value)) and "decoded finite input to NaN/Inf at step 4" in str(got.value)
+    want, got = errors((f"{spec}:kernel=eager", spec), lambda o, c: o.decompress(bad, c), step=4)
+    assert want.startswith(got) and "decoded finite input to NaN/Inf at step 4" in got
     assert op.screens_output(p) and not eager.screens_output(p)
 
 
 COMPILE = """
-import math, sys
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, compile
+import math
 from pp_compress.ops import _triton_int_kernels as K
 from pp_compress.ops.triton_int import tile, _warps
+from tests.unit.ops.interpreted import hopper_ptx
 for dtype, bits, rot, stoch, last in [("fp32", 8, 256, False, 2048), ("bf16", 8, 0, True, 576), ("fp16", 4, 64, True, 576),
                                       ("bf16", 3, 0, False, 40)]:
     p, n = tile(last, rot)
     const = {"LAST": last, "P": p, "N": n, "BITS": bits, "ROT": bool(rot), "INV": 1 / math.sqrt(n), "LOGN": n.bit_length() - 1}
     codes = "*i8" if bits == 8 else "*u8"
     enc = {"x_ptr": f"*{dtype}", "codes_ptr": codes, "scale_ptr": "*bf16", "flag_ptr": "*i32", "rkey": "i64", "key": "i64",
-           "slot": "i32",
-           **{k: "constexpr" for k in [*const, "STOCH", "BUMP", "FLAG"]}}
-    dec = {"codes_ptr": codes, "scale_ptr": "*bf16", "out_ptr": f"*{dtype}", "flag_ptr": "*i32", "rkey": "i64", "slot": "i32",
-           **{k: "constexpr" for k in [*const, "FLAG"]}}
-    options = {"num_warps": _warps(p, n), "enable_fp_fusion": False}
-    for fn, sig, c in [(K.encode, enc, {**const, "STOCH": stoch, "BUMP": 2.0**-7, "FLAG": True}), (K.decode, dec, {**const, "FLAG": True})]:
-        aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}  # as torch's
-        ptx = compile(ASTSource(fn, sig, c, aligned), target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
-        assert "fma.rn.f32" not in ptx and "div.full" not in ptx, (fn, dtype, bits)  # IEEE roundings, as the reference
-        assert fn is K.decode or last < 576 or "ld.global.v4" in ptx, (dtype, bits)  # vector loads of x
+           "slot": "i32"}
+    dec = {"codes_ptr": codes, "scale_ptr": "*bf16", "out_ptr": f"*{dtype}", "flag_ptr": "*i32", "rkey": "i64", "slot": "i32"}
+    ptx = hopper_ptx(K.encode, enc, {**const, "STOCH": stoch, "BUMP": 2.0**-7, "FLAG": True}, _warps(p, n))
+    assert last < 576 or "ld.global.v4" in ptx, (dtype, bits)  # vector loads of x
+    hopper_ptx(K.decode, dec, {**const, "FLAG": True}, _warps(p, n))
 for bits, exp in [("*i32", 0x7F800000), ("*i16", 0x7F80)]:
-    sig = {"bits_ptr": bits, "flag_ptr": "*i32", "n": "i32", "slot": "i32", "BLOCK": "constexpr", "EXP": "constexpr"}
-    compile(ASTSource(K.screen, sig, {"BLOCK": 4096, "EXP": exp}, {(0,): [["tt.divisibility", 16]]}),
-            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    hopper_ptx(K.screen, {"bits_ptr": bits, "flag_ptr": "*i32", "n": "i32", "slot": "i32"}, {"BLOCK": 4096, "EXP": exp}, 4)
 print("compiled")
 """
 
 
 def test_the_kernels_compile_for_a_hopper_gpu_without_contractions():
-    """The device compiler's front end and PTX back end run without a GPU: the kernels compile for sm_90 (what the
-    interpreter cannot show), with no fused multiply-add and no approximate division in their code."""
-    import subprocess
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+    """The kernels compile for sm_90 (what the interpreter cannot show), with no fused multiply-add and no
+    approximate division in their code."""
+    compiles_for_hopper(COMPILE)
 
 
 @pytest.mark.parametrize("spec", ["int8", "int8:rot", "int4:rot", "int3:stoch"])

@@ -1,29 +1,20 @@
 """The nf kernels (ops/triton_nf.py) give the eager reference's codes, scales and reconstructions bitwise, run by
 Triton's interpreter on CPU tensors (on a GPU the same checks run compiled: tests/unit/ops/test_cuda.py)."""
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.unit.ops.interpreted import import_kernels  # noqa: E402
+from tests.unit.ops.interpreted import (assert_matches_reference, compiles_for_hopper, errors, import_kernels,  # noqa: E402
+                                        interpreter)  # noqa: F401 - the fixture applies here
 
 import_kernels("_triton_nf_kernels")
 
 import pp_compress as ppc  # noqa: E402
 from pp_compress.ops import triton_nf  # noqa: E402
-from pp_compress.ops.base import Deferred, layout_nbytes  # noqa: E402
 
 SPECS = ["nf4", "nf6", "nf8", "nf2:stoch", "nf3:stoch", "nf5:stoch:scale=fp32", "nf4:per=block32", "nf5:scale=fp16",
          "nf7:per=tensor", "nf6:stoch:per=block64"]
 SHAPES = [(2, 3, 576), (4, 512), (3, 40), (1, 24)]
-
-
-@pytest.fixture(autouse=True)
-def interpreter(monkeypatch):
-    """Triton's interpreter reads the variable when a kernel runs too; other tests do not see it."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture
@@ -51,13 +42,7 @@ def test_the_device_kernels_are_the_eager_reference_bitwise(spec, dtype, interpr
     for shape in SHAPES:
         if not op._device_group(torch.empty(0), shape):
             continue
-        x, ctx = sample(shape, dtype), ppc.Context(step=3, micro_batch=1)
-        want, got = eager.compress(x, ctx), op.compress(x, ctx)
-        assert [t.dtype for t in got.tensors] == [t.dtype for t in want.tensors]
-        assert got.nbytes == layout_nbytes(op.layout(shape, dtype, ctx))
-        assert all(torch.equal(a, b) for a, b in zip(got.tensors, want.tensors)), (spec, shape)
-        y = op.decompress(got, ctx)
-        assert y.dtype == dtype and torch.equal(y, eager.decompress(want, ctx)), (spec, shape)
+        assert_matches_reference(op, eager, sample(shape, dtype), ppc.Context(step=3, micro_batch=1))
         checked += 1
     assert checked >= 2  # every spec meets at least two of the shapes
 
@@ -75,60 +60,32 @@ def test_which_groups_the_kernels_take():
 def test_a_non_finite_input_is_reported_like_the_reference(deferred, interpreted):
     x = sample((4, 64), torch.float32)
     x[1, 3] = float("inf")
-    errors = []
-    for spec in ("nf4:kernel=eager", "nf4"):
-        d = Deferred() if deferred else None
-        with pytest.raises(FloatingPointError) as e:
-            ppc.build(spec).compress(x, ppc.Context(step=2, deferred=d))
-            d.raise_pending()
-        errors.append(str(e.value))
+    want, got = errors(("nf4:kernel=eager", "nf4"), lambda op, ctx: op.compress(x, ctx), deferred)
     # the kernel's verdict, not a scan of x: the same error without the reference's count of bad values
-    assert errors[0].startswith(errors[1]) and "input has NaN/Inf values at step 2" in errors[1]
+    assert want.startswith(got) and "input has NaN/Inf values at step 2" in got
 
 
-def test_a_scale_that_overflows_and_nan_under_allow_are_reported_like_the_reference(interpreted):
-    x = torch.full((2, 64), 1e5)  # an absmax of 1e5 overflows fp16 scales
-    y = sample((4, 64), torch.float32)
-    y[1, 3] = float("nan")
-    for z, spec in ((x, "nf4:scale=fp16"), (y, "nf4")):
-        errors = []
-        for s in (f"{spec}:kernel=eager", spec):
-            op = ppc.parse_spec(s).spec_for(0, "act").build("allow")
-            with pytest.raises(FloatingPointError) as e:
-                op.compress(z, ppc.Context(step=6))
-            errors.append(str(e.value).replace(":kernel=eager", ""))
-        assert errors[0].startswith(errors[1]) and "absmax overflows" in errors[1]
+@pytest.mark.parametrize("spec,x", [("nf4:scale=fp16", torch.full((2, 64), 1e5)),  # absmax 1e5: beyond fp16 scales
+                                    ("nf4", torch.tensor([[1.0, float("nan")] * 32] * 2))])
+def test_an_overflowing_scale_and_nan_under_allow_are_reported_like_the_reference(spec, x, interpreted):
+    want, got = errors((f"{spec}:kernel=eager", spec), lambda op, ctx: op.compress(x, ctx), nonfinite="allow", step=6)
+    assert want.startswith(got) and "absmax overflows" in got
 
 
 def test_a_decoded_non_finite_value_is_reported_like_the_reference(interpreted):
     op, eager, ctx = ppc.build("nf4"), ppc.build("nf4:kernel=eager"), ppc.Context(step=4)
-    x = sample((4, 64), torch.float16)
-    p = op.compress(x, ctx)
+    p = op.compress(sample((4, 64), torch.float16), ctx)
     bad = ppc.ops.Payload((p.tensors[0], p.tensors[1].clone().index_fill_(0, torch.tensor([2]), float("inf"))),
                           p.shape, p.dtype)
-    with pytest.raises(FloatingPointError) as want:
-        eager.decompress(bad, ctx)
-    with pytest.raises(FloatingPointError) as got:
-        op.decompress(bad, ctx)
-    assert str(want.value).replace(":kernel=eager", "").startswith(str(got.value))
-    assert "decoded finite input to NaN/Inf at step 4" in str(got.value)
+    want, got = errors(("nf4:kernel=eager", "nf4"), lambda o, c: o.decompress(bad, c), step=4)
+    assert want.startswith(got) and "decoded finite input to NaN/Inf at step 4" in got
     assert op.screens_output(p) and not eager.screens_output(p)
 
 
 COMPILE = """
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, compile
 from pp_compress.ops import _triton_nf_kernels as K
 from pp_compress.ops.triton_nf import _block, _warps
-
-
-def build(fn, sig, consts, warps):
-    aligned = {(i,): [["tt.divisibility", 16]] for i, s in enumerate(sig.values()) if s.startswith("*")}
-    sig = {**sig, **{n: "constexpr" for n in consts}}
-    ptx = compile(ASTSource(fn, sig, consts, aligned), target=GPUTarget("cuda", 90, 32),
-                  options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]
-    assert "fma.rn.f32" not in ptx and "div.full" not in ptx, (fn, sig)
-
+from tests.unit.ops.interpreted import hopper_ptx as build
 
 for dtype, group, bits, stoch in [("fp32", 2048, 4, False), ("bf16", 576, 6, True), ("fp16", 32, 8, False)]:
     block = _block(group)
@@ -144,8 +101,5 @@ print("compiled")
 
 
 def test_the_kernels_compile_for_a_hopper_gpu_without_contractions():
-    """The device compiler's front end and PTX back end run without a GPU: the kernels compile for sm_90, with no
-    fused multiply-add and no approximate division in their code."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+    """The kernels compile for sm_90, with no fused multiply-add and no approximate division in their code."""
+    compiles_for_hopper(COMPILE)

@@ -1,29 +1,21 @@
 """The vq kernels (ops/triton_vq.py) give the eager reference's payloads and reconstructions bitwise, run by Triton's
 interpreter on CPU tensors (on a GPU the same checks run compiled: tests/unit/ops/test_cuda.py)."""
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.unit.ops.interpreted import import_kernels  # noqa: E402
+from tests.unit.ops.interpreted import (assert_matches_reference, compiles_for_hopper, errors, import_kernels,  # noqa: E402
+                                        interpreter)  # noqa: F401 - the fixture applies here
 
 import_kernels("_triton_vq_kernels")
 
 import pp_compress as ppc  # noqa: E402
 from pp_compress.ops import triton_vq, vq  # noqa: E402
-from pp_compress.ops.base import Deferred, Flag, layout_nbytes  # noqa: E402
+from pp_compress.ops.base import Flag  # noqa: E402
 
 SPECS = ["vq:4", "vq:3", "vq:2.5", "vq:2:dim=4", "vq:1.5:dim=4", "vq:3:dim=1", "vq:4:pivots=3", "vq:4:pivots=0",
          "vq:4:rot=false", "vq:2:scale=fp16", "vq:3:size=128:scale=fp32", "vq:4:size=16"]
 SHAPES = [(2, 3, 576), (4, 512), (3, 40), (2, 100)]
-
-
-@pytest.fixture(autouse=True)
-def interpreter(monkeypatch):
-    """Triton's interpreter reads the variable when a kernel runs too; other tests do not see it."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture
@@ -51,14 +43,9 @@ def test_the_device_kernels_are_the_eager_reference_bitwise(spec, dtype, interpr
     for shape in SHAPES:
         if not triton_vq.supports(shape[-1], c.size, c.dim, c.code_bits):
             continue
-        x, ctx = sample(shape, dtype), ppc.Context(step=3, micro_batch=1)
+        x = sample(shape, dtype)
         assert op._on_device(x) and not eager._on_device(x)
-        want, got = eager.compress(x, ctx), op.compress(x, ctx)
-        assert [t.dtype for t in got.tensors] == [t.dtype for t in want.tensors]
-        assert got.nbytes == layout_nbytes(op.layout(shape, dtype, ctx))
-        assert all(torch.equal(a, b) for a, b in zip(got.tensors, want.tensors)), (spec, shape)
-        y = op.decompress(got, ctx)
-        assert y.dtype == dtype and torch.equal(y, eager.decompress(want, ctx)), (spec, shape)
+        assert_matches_reference(op, eager, x, ppc.Context(step=3, micro_batch=1))
         checked += 1
     assert checked >= 2  # every spec meets at least two of the shapes
 
@@ -104,25 +91,16 @@ def test_pivots_take_the_lowest_position_among_equal_magnitudes():
 def test_a_non_finite_input_is_reported_like_the_reference(deferred, interpreted):
     x = sample((4, 64), torch.float32)
     x[1, 3] = float("inf")
-    errors = []
-    for spec in ("vq:4:kernel=eager", "vq:4"):
-        d = Deferred() if deferred else None
-        with pytest.raises(FloatingPointError) as e:
-            ppc.build(spec).compress(x, ppc.Context(step=2, deferred=d))
-            d.raise_pending()
-        errors.append(str(e.value))
+    want, got = errors(("vq:4:kernel=eager", "vq:4"), lambda op, ctx: op.compress(x, ctx), deferred)
     # the kernel's verdict, not a scan of x: the same error without the reference's count of bad values
-    assert errors[0].startswith(errors[1]) and "input has NaN/Inf values at step 2" in errors[1]
+    assert want.startswith(got) and "input has NaN/Inf values at step 2" in got
 
 
 def test_a_scale_that_overflows_is_reported_like_the_reference(interpreted):
     x = torch.full((2, 64), 1e5)  # a tile's RMS of 1e5 overflows fp16 scales
-    errors = []
-    for spec in ("vq:4:scale=fp16:pivots=0:kernel=eager", "vq:4:scale=fp16:pivots=0"):
-        with pytest.raises(FloatingPointError) as e:
-            ppc.build(spec).compress(x, ppc.Context(step=6))
-        errors.append(str(e.value).replace(":kernel=eager", ""))
-    assert errors[0].startswith(errors[1]) and "outermost point overflows" in errors[1]
+    want, got = errors(("vq:4:scale=fp16:pivots=0:kernel=eager", "vq:4:scale=fp16:pivots=0"),
+                       lambda op, ctx: op.compress(x, ctx), step=6)
+    assert want.startswith(got) and "outermost point overflows" in got
 
 
 @pytest.mark.parametrize("bad", [[3], [3, 9], [3, 70]])
@@ -145,36 +123,21 @@ def test_under_nonfinite_allow_the_device_path_does_what_the_reference_does(bad,
 
 def test_a_decoded_non_finite_value_is_reported_like_the_reference(interpreted):
     op, eager, ctx = ppc.build("vq:4"), ppc.build("vq:4:kernel=eager"), ppc.Context(step=4)
-    x = sample((4, 64), torch.float16)
-    p = op.compress(x, ctx)
+    p = op.compress(sample((4, 64), torch.float16), ctx)
     codes, scale, *pivots = p.tensors
     bad = ppc.ops.Payload((codes, scale.clone().index_fill_(0, torch.tensor([2]), float("inf")), *pivots), p.shape,
                           p.dtype)
-    with pytest.raises(FloatingPointError) as want:
-        eager.decompress(bad, ctx)
-    with pytest.raises(FloatingPointError) as got:
-        op.decompress(bad, ctx)
-    assert str(want.value).replace(":kernel=eager", "").startswith(str(got.value))
-    assert "decoded finite input to NaN/Inf at step 4" in str(got.value)
+    want, got = errors(("vq:4:kernel=eager", "vq:4"), lambda o, c: o.decompress(bad, c), step=4)
+    assert want.startswith(got) and "decoded finite input to NaN/Inf at step 4" in got
     assert op.screens_output(p) and not eager.screens_output(p)
 
 
 COMPILE = """
 import math
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, compile
 from pp_compress.ops import _triton_vq_kernels as K
 from pp_compress.ops import vq
 from pp_compress.ops.triton_vq import SEARCH_BLOCK, SEARCH_WARPS, _block, _warps
-
-
-def build(fn, sig, consts, warps):
-    aligned = {(i,): [["tt.divisibility", 16]] for i, s in enumerate(sig.values()) if s.startswith("*")}
-    sig = {**sig, **{n: "constexpr" for n in consts}}
-    ptx = compile(ASTSource(fn, sig, consts, aligned), target=GPUTarget("cuda", 90, 32),
-                  options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]
-    assert "fma.rn.f32" not in ptx and "div.full" not in ptx and "sqrt.approx" not in ptx, (fn, sig)
-
+from tests.unit.ops.interpreted import hopper_ptx as build
 
 for dtype, d, size, dim, bits, k, rot in [("fp32", 2048, 64, 2, 8, 1, True), ("bf16", 576, 64, 2, 6, 1, True),
                                           ("fp16", 576, 16, 4, 8, 2, False), ("bf16", 40, 64, 1, 3, 0, True)]:
@@ -198,8 +161,6 @@ print("compiled")
 
 
 def test_the_kernels_compile_for_a_hopper_gpu_without_contractions():
-    """The device compiler's front end and PTX back end run without a GPU: the kernels compile for sm_90, with no
-    fused multiply-add, approximate division or approximate square root in their code."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+    """The kernels compile for sm_90, with no fused multiply-add, approximate division or approximate square root in
+    their code."""
+    compiles_for_hopper(COMPILE)
