@@ -13,7 +13,7 @@ over 150 small kernels and a host synchronization per round trip.
   butterfly, * signs]; put the pivots back; write in the output dtype.
 
 The search is a kernel of its own so that its block is a flat run of vectors: one simple register layout whatever
-the input dtype and row length, and few registers (32 to 72 per thread by `ptxas -v`, with Triton 3.6 and 3.9). The
+the input dtype and row length, and few registers per thread, with Triton 3.6 as with 3.9. The
 round trip of the divided tiles through memory costs 8 bytes per value; the search's arithmetic is larger.
 
 The operations are the eager reference's (`vq:...:kernel=eager`: ops/pivoted.py, ops/hadamard.py's butterfly,
