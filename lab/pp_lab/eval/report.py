@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 
 from pp_lab.paths import RESULTS, ROOT
 import pp_compress as ppc
-from pp_lab.eval import epochs, frontier
+from pp_lab.eval import auto_runs, epochs, frontier
 from pp_compress.presets import PRESETS
 from pp_lab.eval.findings import LEVELS, Findings, continued, findings_compared, finetuning, verdicts
 from pp_lab.eval.study import (COMMON, FINDINGS_RUNS, FINETUNE, FT_COMMON, FT_EP_COMMON, FT_EPOCHS, LOGS, LONG, LONG_COMMON,
@@ -269,6 +269,7 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
     if args.readme is not None:
         update_readme(args.readme, "frontier", frontier_block(rows))
         update_readme(args.summary, "presets", presets_block(every))
+        update_readme(args.summary, "auto-quality", auto_runs.block(args.results))
     made = frontier.plot(rows, rel / "plots" / "long")
     made += curves(long, rel / "plots" / "long", LONG_GROUPS)
     sm_results = args.results / frontier.TESTBEDS["smollm2"].results

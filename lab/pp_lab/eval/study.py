@@ -19,6 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
+from pp_lab.bench.e2e import AUTO_LINE, THROTTLE
 from pp_lab.paths import RESULTS, ROOT
 from pp_lab.launch import run_job
 
@@ -226,13 +227,31 @@ LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace
               "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.2", "topk0.3", "topk0.1+aqsgd", "act-nf4_grad-nf3stoch",
               "act-int4_grad-int4stoch", "act-int3rot_grad-int4stoch", "subspace48", "int8rot", "act-vq4_grad-vq3"]
 assert sorted(LONG_ORDER) == sorted([*LONG, *FT_EPOCHS]), "every long setting runs exactly once"
+# Is `auto` (issue 46) at parity? Its runs train over emulated links (benchmarks/throttle.py: a sender sleeps for a
+# message's time on its link) so that it has choices to make: boundary 0 unlimited, boundary 2 at 25 Mbit/s, and
+# boundary 1 slow, then unlimited, then slow again, so that it switches codecs mid-run. A schedule's clock starts at
+# the first message of each (re)start. Their own tables, not LONG's or SMOLLM2's: what they send depends on the link,
+# so they are no frontier rows. name -> (spec, PPC_BENCH_LINKS).
+AUTO_LONG: dict[str, tuple[str, str]] = {
+    "auto-mixed": ("auto:max=aggressive", "0=none,1=5mbit@20ms~1200s=none~2400s=5mbit@20ms,2=25mbit@10ms")}
+AUTO_SMOLLM2: dict[str, tuple[str, str]] = {  # ~4x the small GPT's step time: the schedule's phases too
+    "sm-auto-mixed": ("auto:max=aggressive:model=SmolLM2-135M",
+                      "0=none,1=5mbit@20ms~1500s=none~3000s=5mbit@20ms,2=25mbit@10ms")}
+AUTO_RUNS = {**AUTO_LONG, **AUTO_SMOLLM2}
+_SM_ORDER = list(SMOLLM2)
+_SM_ORDER.insert(_SM_ORDER.index("sm-bn288-lr10-vq4") + 1, "sm-auto-mixed")  # after the bottleneck row running when it came
 # protocol -> (names in run order, where the runs go)
-PROTOCOLS = {"short": (list(SETTINGS), ROOT / "runs" / "study"), "long": (LONG_ORDER, ROOT / "runs" / "study_long"),
-             "smollm2": (list(SMOLLM2), ROOT / "runs" / "study_smollm2")}
+PROTOCOLS = {"short": (list(SETTINGS), ROOT / "runs" / "study"),
+             "long": ([*LONG_ORDER, *AUTO_LONG], ROOT / "runs" / "study_long"),
+             "smollm2": (_SM_ORDER, ROOT / "runs" / "study_smollm2")}
 
 
 def job(name: str, protocol: str) -> tuple[str, int, list[str], str]:
     """(recipe, processes, its arguments, the spec) of one setting of a protocol."""
+    if protocol == "long" and name in AUTO_LONG:
+        return "pretrain.py", 4, [*LONG_COMMON, "--seed", "0"], AUTO_LONG[name][0]
+    if protocol == "smollm2" and name in AUTO_SMOLLM2:
+        return "finetune.py", 4, [*SM_COMMON, "--seed", "0"], AUTO_SMOLLM2[name][0]
     if name in FINETUNE:
         return "finetune.py", 2, [*FT_COMMON, "--seed", str(SEEDS.get(name, 0))], FINETUNE[name]
     if protocol == "long" and name in FT_EPOCHS:
@@ -274,11 +293,19 @@ def main() -> None:
             # a run takes up to two hours here (three before it is cut off, to go on next time from its checkpoint)
             # and its output is captured: say where to follow it
             print(f"{name:24s} {spec:34s} {again}: running, its log grows in {out / 'metrics.jsonl'}", flush=True)
+            script, first, env = ROOT / "recipes" / recipe, [], None
+            if name in AUTO_RUNS:  # through the emulated links
+                script, first, env = THROTTLE, [str(script)], {"PPC_BENCH_LINKS": AUTO_RUNS[name][1]}
             try:
-                rc, log = run_job(ROOT / "recipes" / recipe, nproc, *recipe_args, "--pp-compress", spec, "--out", str(out), again,
-                                  timeout=10800)
+                rc, log = run_job(script, nproc, *first, *recipe_args, "--pp-compress", spec, "--out", str(out), again,
+                                  timeout=10800, env=env)
             except TimeoutError as e:  # run_job: the job hung or overran (and was killed); go on with the next setting
                 rc, log = 124, str(e)
+            if name in AUTO_RUNS:  # auto's decisions, every attempt's (a resumed run decides again)
+                out.mkdir(parents=True, exist_ok=True)
+                with open(out / DECISIONS, "a") as f:
+                    f.write(f"# attempt {again}, links {AUTO_RUNS[name][1]}, rc={rc}\n"
+                            + "".join(line + "\n" for line in AUTO_LINE.findall(log)))
             print(f"{name:24s} {spec:34s} {again} rc={rc} {time.perf_counter() - t0:.0f} s", flush=True)
             if rc != 0:
                 print(log[-3000:], flush=True)
@@ -295,7 +322,9 @@ def main() -> None:
             infer_plain(name, out, 4, "--data", "shakespeare", "--ppl-batches", "32")
 
 
-LOGS = ("metrics.jsonl", "run.json", "summary.json")
+DECISIONS = "decisions.log"
+"""An `auto` run's decisions (its log lines), in its run directory."""
+LOGS = ("metrics.jsonl", "run.json", "summary.json", DECISIONS)
 """What of a run directory is kept in results/eval (checkpoints are not)."""
 SM_LOGS = (*LOGS, "infer_none.json")
 """A SmolLM2 run's, with its uncompressed evaluation."""

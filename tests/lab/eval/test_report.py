@@ -63,12 +63,13 @@ def test_long_study_is_the_headline_with_the_frontier(tmp_path: Path, monkeypatc
     readme.write_text(f"# x\n\nbefore\n{report.README_START}\nold table\n{report.README_END}\nafter\n"
                       + "\n".join(report.markers("finetune-epochs")) + "\n" + "\n".join(report.markers("findings")) + "\n")
     summary = tmp_path / "SUMMARY.md"
-    summary.write_text("\n".join(report.markers("presets")) + "\n")
+    summary.write_text("\n".join([*report.markers("presets"), *report.markers("auto-quality")]) + "\n")
     monkeypatch.setattr(sys, "argv", ["report.py", "--from-results", "--results", str(res), "--out", str(out), "--e2e", str(e2e),
                                       "--readme", str(readme), "--summary", str(summary)])
     report.main()
     text = out.read_text()
     block = readme.read_text()
+    assert "No `auto` quality run has finished yet" in summary.read_text()  # its block, written before any run lands
     assert "old table" not in block and block.startswith("# x\n\nbefore\n") and f"{report.README_END}\nafter\n" in block
     start, end = report.markers("finetune-epochs")
     assert block.split(start, 1)[1].split(end, 1)[0].strip().startswith("| setting | --pp-compress | bits fwd / bwd, epoch 1")

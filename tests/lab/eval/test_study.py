@@ -22,7 +22,7 @@ def test_landed_smollm2_settings_are_not_trained_again(tmp_path: Path, monkeypat
     assert study.landed("sm-base") and not study.landed("sm-safe")  # no uncompressed evaluation yet: not landed
     trained: list[str] = []
 
-    def run_job(recipe: Path, nproc: int, *args: str, timeout: float) -> tuple[int, str]:
+    def run_job(recipe: Path, nproc: int, *args: str, timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
         trained.append(args[args.index("--out") + 1])
         return 1, "stopped here"  # a failed run: the study logs it and goes on to the next setting
 
@@ -44,7 +44,7 @@ def test_retrain_trains_landed_settings_again_and_keeps_their_committed_logs(tmp
     monkeypatch.setattr(study, "ROOT", tmp_path)
     monkeypatch.setattr(study, "RESULTS", tmp_path / "results" / "eval")
 
-    def run_job(recipe: Path, nproc: int, *args: str, timeout: float) -> tuple[int, str]:
+    def run_job(recipe: Path, nproc: int, *args: str, timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
         out = Path(args[args.index("--out") + 1])  # training writes the run's summary, inference its own file
         if recipe.name == "infer.py":
             out.write_text("{}")
@@ -60,3 +60,32 @@ def test_retrain_trains_landed_settings_again_and_keeps_their_committed_logs(tmp
     assert (tmp_path / "runs" / "sm-base" / "infer_none.json").exists()
     assert json.loads((results / "summary.json").read_text())["final_val_loss"] == 3.3454  # the committed log stays
     assert "final validation loss 3.3471, committed 3.3454 (+0.0017)" in capsys.readouterr().out
+
+
+def test_auto_runs_go_through_their_emulated_links_and_keep_their_decisions(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(study, "ROOT", tmp_path)
+    calls: list[tuple[Path, tuple[str, ...], dict[str, str] | None]] = []
+    decision = ("step 21: pp_compress auto: boundary 1 act: link 0.000625 GB/s, 20.8 ms; aggressive "
+                "(act=vq:4,grad=vq:3): 112 ms per message expected against 650 ms dense (83% saved)")
+
+    def run_job(script: Path, nproc: int, *args: str, timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
+        calls.append((script, args, env))
+        return 1, f"[rank1]: {decision}\nsome other line\n"  # cut off: the next attempt appends its own
+
+    monkeypatch.setattr(study, "run_job", run_job)
+    monkeypatch.setattr(sys, "argv", ["study.py", "--protocol", "long", "--only", "auto-mixed", "--runs", str(tmp_path / "runs")])
+    study.main()
+    study.main()
+    script, args, env = calls[0]
+    assert script == study.THROTTLE and args[0].endswith("recipes/pretrain.py")
+    assert args[args.index("--pp-compress") + 1] == "auto:max=aggressive"
+    assert env == {"PPC_BENCH_LINKS": study.AUTO_LONG["auto-mixed"][1]}
+    log = (tmp_path / "runs" / "auto-mixed" / study.DECISIONS).read_text().splitlines()
+    assert log.count(decision) == 2 and len(log) == 4 and log[0].startswith("# attempt --overwrite")
+
+
+def test_every_auto_run_is_in_its_protocols_order_once() -> None:
+    for protocol, runs in (("long", study.AUTO_LONG), ("smollm2", study.AUTO_SMOLLM2)):
+        order = study.PROTOCOLS[protocol][0]
+        assert all(order.count(name) == 1 for name in runs)
