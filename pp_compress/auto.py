@@ -4,7 +4,9 @@ expected time = encode + decode (measured on this device, on the real tensor) + 
 (measured on the real link). `none` costs no codec time and sends the dense bytes, so where no compression pays it
 wins. The candidates are the presets up to a budget (`auto:max=safe`, `auto:max=aggressive`), each only where the
 presets' recorded verdicts put it at parity by the loss rule on the model family in use (on every testbed measured,
-when the family is not given): a setting measured worse is never a candidate.
+when the family is not given): a setting measured worse is never a candidate. Settings that are no preset (`int8`:
+8 bits like `safe`, with a cheaper codec and no rotation) are candidates only on a family named with `model=`, where
+both rules put them at parity: a preset is validated for models of any family, they only for the ones measured.
 
 This module holds the pure parts (the spec, the candidates, the cost model) and the measurements that need only an
 exchange function and a clock: `measure_codec` and `measure_link`. Engines call them through the boundary policy.
@@ -29,8 +31,23 @@ if TYPE_CHECKING:
     from .policy import BoundaryPolicy
 
 Budget = Literal["safe", "aggressive"]
-LADDER: tuple[str, ...] = ("none", "safe", "aggressive")
-"""The candidates from the least to the most aggressive; a budget admits its rung and those below it."""
+CANDIDATES: dict[str, tuple[str | None, str | None]] = {
+    "none": (None, None), "int8": ("int8", "safe"), "safe": (PRESETS["safe"], "safe"),
+    "aggressive": (PRESETS["aggressive"], "aggressive")}
+"""name -> (its spec, the budget whose rung it is on), from the least to the most aggressive rung. A decision travels
+as its index here, so both sides of a boundary must run the same version."""
+LADDER: tuple[str, ...] = tuple(CANDIDATES)
+RUNGS: tuple[str, ...] = ("none", "safe", "aggressive")
+"""The budgets' order: a budget admits the candidates on its rung and below it."""
+
+
+def model_name(text: str) -> str | None:
+    """The family among MODELS that `text` names, compared without case and with '-' or '_' for spaces (so that a
+    spec needs no quoting: `model=small-gpt`); None if it names none."""
+    def key(t: str) -> str:
+        return t.lower().replace("-", " ").replace("_", " ")
+
+    return next((m for m in MODELS if key(m) == key(text)), None)
 
 
 @dataclass(frozen=True)
@@ -40,16 +57,17 @@ class AutoConfig:
     max: Budget = "safe"
     """The most aggressive preset `auto` may pick."""
     model: str | None = None
-    """The model family whose verdicts admit a candidate ('small GPT' or 'SmolLM2-135M'); None: a candidate must be at
-    parity by the loss rule on every testbed it was measured on."""
+    """The model family whose verdicts admit a candidate ('small GPT' or 'SmolLM2-135M'; `parse` also takes them
+    without case and with '-' for spaces); None: a preset must be at parity by the loss rule on every testbed it was
+    measured on, and no other candidate is admitted."""
     every: int = 20
     """Steps between decisions: the first is made at step 1 (on step 0's tensors), then at 1 + every, 1 + 2 every..."""
 
     def __post_init__(self) -> None:
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
             raise ValueError(f"auto:every={self.every!r}; accepted: an integer >= 1")
-        if self.max not in LADDER[1:]:
-            raise ValueError(f"auto:max={self.max!r}; accepted: {', '.join(LADDER[1:])}")
+        if self.max not in RUNGS[1:]:
+            raise ValueError(f"auto:max={self.max!r}; accepted: {', '.join(RUNGS[1:])}")
         if self.model is not None and self.model not in MODELS:
             raise ValueError(f"auto:model={self.model!r}; accepted: {', '.join(MODELS)}")
 
@@ -67,14 +85,20 @@ class AutoConfig:
                 raise ValueError(f"auto: {item!r} in {spec!r}; accepted keys: max=safe|aggressive, model=<family> "
                                  f"({', '.join(MODELS)}), every=<steps>, each once")
             kwargs[key] = int(value) if key == "every" and value.isdigit() else value
+        if "model" in kwargs:
+            kwargs["model"] = model_name(str(kwargs["model"])) or kwargs["model"]
         return cls(**kwargs)  # type: ignore[arg-type]
 
     def candidates(self) -> list[str]:
-        """The admitted presets, least aggressive first, `none` always among them."""
+        """The admitted candidates, least aggressive first, `none` always among them."""
         out = ["none"]
-        for name in LADDER[1:LADDER.index(self.max) + 1]:
-            found = verdicts(PRESETS[name], self.model)
-            if found and all(v.loss_rule == "parity" for v in found):
+        for name, (spec, rung) in list(CANDIDATES.items())[1:]:
+            if RUNGS.index(rung) > RUNGS.index(self.max):
+                continue
+            found = verdicts(spec, self.model)
+            preset = PRESETS.get(name) == spec
+            if found and all(v.loss_rule == "parity" and (preset or v.lm_eval == "parity") for v in found) \
+                    and (preset or self.model is not None):
                 out.append(name)
         return out
 
@@ -123,7 +147,7 @@ class Decision:
 
 def describe(boundary: int, direction: str, link: Link, decision: Decision) -> str:
     """The log line of one boundary's decision: the measured link, the pick, and what it is expected to save."""
-    spec = "" if decision.candidate == "none" else f" ({PRESETS[decision.candidate]})"
+    spec = "" if decision.candidate == "none" else f" ({CANDIDATES[decision.candidate][0]})"
     return (f"pp_compress auto: boundary {boundary} {direction}: link {link.bandwidth / 1e9:.3g} GB/s, "
             f"{link.latency * 1e3:.3g} ms; {decision.candidate}{spec}: {decision.expected_s * 1e3:.3g} ms per message "
             f"expected against {decision.dense_s * 1e3:.3g} ms dense ({decision.saving:.0%} saved)")
@@ -164,8 +188,11 @@ def measure_link(round_trip: Callable[[int], float], nbytes: int, reps: int = 5)
 
 
 def candidate_op(name: str, boundary: int, direction: str, nonfinite: str = "raise") -> Compressor:
-    """A fresh operator of preset `name` for one boundary and direction ('act' or 'grad')."""
-    return parse_spec(PRESETS[name]).spec_for(boundary, direction).build(nonfinite)
+    """A fresh operator of candidate `name` for one boundary and direction ('act' or 'grad')."""
+    spec = CANDIDATES[name][0]
+    if spec is None:
+        raise ValueError(f"candidate {name!r} has no operator; accepted: {', '.join(LADDER[1:])}")
+    return parse_spec(spec).spec_for(boundary, direction).build(nonfinite)
 
 
 def candidate_ops(cfg: AutoConfig, direction: str) -> dict[str, Compressor]:

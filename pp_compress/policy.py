@@ -10,10 +10,9 @@ from typing import Any
 
 from torch import Tensor
 
-from .auto import AutoConfig, candidate_op
+from .auto import LADDER, AutoConfig, candidate_op
 from .config import CompressionConfig
 from .ops.base import FLOAT_DTYPES, Compressor, Context, TensorSpec
-from .presets import PRESETS
 from .stats import DirectionStats
 
 DIRECTIONS = ("act", "grad")
@@ -119,8 +118,8 @@ class BoundaryPolicy:
     def decide(self, boundary: int, direction: str, name: str) -> bool:
         """Run candidate `name` from now on; True when that is a change. A candidate switched to starts with fresh
         state (its error feedback, if any, belongs to the messages it sent, not to those another candidate sent)."""
-        if name != "none" and name not in PRESETS:
-            raise ValueError(f"auto decision {name!r}; accepted: none, {', '.join(PRESETS)}")
+        if name not in LADDER:
+            raise ValueError(f"auto decision {name!r}; accepted: {', '.join(LADDER)}")
         old = self.decisions.get((boundary, direction), "none")
         self.decisions[boundary, direction] = name
         if name == old:

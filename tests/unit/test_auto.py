@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import pp_compress as ppc
-from pp_compress.auto import AutoConfig, Cost, Link, candidate_ops, choose, describe, measure_codec, measure_link
+from pp_compress.auto import AutoConfig, Cost, Link, candidate_op, candidate_ops, choose, describe, measure_codec, measure_link
 
 MB = 1 << 20
 
@@ -13,6 +13,7 @@ MB = 1 << 20
 def test_the_spec_and_its_errors():
     assert AutoConfig.parse("auto") == AutoConfig()
     assert AutoConfig.parse("auto:max=aggressive:model=SmolLM2-135M") == AutoConfig("aggressive", "SmolLM2-135M")
+    assert AutoConfig.parse("auto:model=small-gpt") == AutoConfig.parse("auto:model=Small_GPT") == AutoConfig("safe", "small GPT")
     for bad, words in [("auto:max=fast", "max='fast'; accepted: safe, aggressive"), ("auto:speed=1", "accepted keys"),
                        ("auto:model=GPT-9", "accepted: small GPT, SmolLM2-135M"), ("auto:max=safe:max=safe", "each once"),
                        ("safe", "is not an auto spec")]:
@@ -28,6 +29,19 @@ def test_the_candidates_stop_at_the_budget_and_are_never_measured_worse():
         assert all(v.loss_rule == "parity" for v in ppc.presets.verdicts(ppc.PRESETS[name]))
     ops = candidate_ops(AutoConfig("aggressive"), "grad")
     assert [op.spec for op in ops.values()] == ["int8:rot", "vq:3"]
+
+
+def test_a_setting_that_is_no_preset_is_a_candidate_only_on_a_family_where_both_rules_put_it_at_parity():
+    """int8 (no rotation) is at parity on both rules on the small GPT, and worse by lm-eval on SmolLM2 (outlier
+    channels): a candidate there only, and never for a family not named."""
+    assert AutoConfig("aggressive", "small GPT").candidates() == ["none", "int8", "safe", "aggressive"]
+    assert AutoConfig("safe", "small GPT").candidates() == ["none", "int8", "safe"]
+    assert "int8" not in AutoConfig("aggressive", "SmolLM2-135M").candidates()
+    assert "int8" not in AutoConfig("aggressive").candidates()
+    assert [v.lm_eval for v in ppc.presets.verdicts("int8", "SmolLM2-135M")] == ["worse"]
+    assert candidate_ops(AutoConfig("safe", "small GPT"), "act")["int8"].spec == "int8"
+    with pytest.raises(ValueError, match="has no operator"):
+        candidate_op("none", 0, "act")
 
 
 def test_the_cost_model_sends_dense_on_a_fast_link_and_compresses_on_a_slow_one():
@@ -185,8 +199,8 @@ def test_decisions_and_the_guard_survive_a_checkpoint_and_a_switch_starts_fresh(
     sender.decide(0, "act", "none")
     sender.decide(0, "act", "safe")
     assert sender.op(0, "act", True) is not first  # switched back: a fresh operator, no state of the earlier one
-    with pytest.raises(ValueError, match="accepted: none, safe, aggressive"):
-        sender.decide(0, "act", "int8")
+    with pytest.raises(ValueError, match="accepted: none, int8, safe, aggressive"):
+        sender.decide(0, "act", "int4")
 
 
 def test_the_guard_steps_back_when_the_error_outgrows_its_validated_level():

@@ -233,7 +233,7 @@ assert sorted(LONG_ORDER) == sorted([*LONG, *FT_EPOCHS]), "every long setting ru
 # the first message of each (re)start. Their own tables, not LONG's or SMOLLM2's: what they send depends on the link,
 # so they are no frontier rows. name -> (spec, PPC_BENCH_LINKS).
 AUTO_LONG: dict[str, tuple[str, str]] = {
-    "auto-mixed": ("auto:max=aggressive", "0=none,1=5mbit@20ms~1200s=none~2400s=5mbit@20ms,2=25mbit@10ms")}
+    "auto-mixed": ("auto:max=aggressive:model=small-gpt", "0=none,1=5mbit@20ms~1200s=none~2400s=5mbit@20ms,2=25mbit@10ms")}
 AUTO_SMOLLM2: dict[str, tuple[str, str]] = {  # ~4x the small GPT's step time: the schedule's phases too
     "sm-auto-mixed": ("auto:max=aggressive:model=SmolLM2-135M",
                       "0=none,1=5mbit@20ms~1500s=none~3000s=5mbit@20ms,2=25mbit@10ms")}

@@ -79,7 +79,7 @@ def test_auto_runs_go_through_their_emulated_links_and_keep_their_decisions(tmp_
     study.main()
     script, args, env = calls[0]
     assert script == study.THROTTLE and args[0].endswith("recipes/pretrain.py")
-    assert args[args.index("--pp-compress") + 1] == "auto:max=aggressive"
+    assert args[args.index("--pp-compress") + 1] == "auto:max=aggressive:model=small-gpt"
     assert env == {"PPC_BENCH_LINKS": study.AUTO_LONG["auto-mixed"][1]}
     log = (tmp_path / "runs" / "auto-mixed" / study.DECISIONS).read_text().splitlines()
     assert log.count(decision) == 2 and len(log) == 4 and log[0].startswith("# attempt --overwrite")
