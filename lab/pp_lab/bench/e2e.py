@@ -264,6 +264,8 @@ def main() -> None:
             if "~" in name:  # a link that changes during the run: each step's time, and auto's decisions
                 timelines[name, spec] = ([(x["step"], x["step_s"]) for x in rows if x["kind"] == "train"],
                                          AUTO_LINE.findall(log))
+            elif AUTO_LINE.search(log):  # auto on a steady link: its decisions, which say why its step took what it did
+                timelines[name, spec] = ([], AUTO_LINE.findall(log))
             print(f"{name:>8s} {spec:24s} step {r['step_s']:.3f} s  {r['tokens_per_s']:7.0f} tok/s  wire "
                   f"{(r['act_wire'] + r['grad_wire']) / 1e6:6.2f} MB/step"
                   + (f"  speedup {r['speedup']:.2f}x" if r["speedup"] else "") + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -275,20 +277,21 @@ AUTO_LINE = re.compile(r"step \d+: pp_compress auto: boundary \d+ \w+: [^\n]*")
 
 
 def timeline(timelines: dict[tuple[str, str], tuple[list[tuple[int, float]], list[str]]]) -> list[str]:
-    """Markdown: per link that changes during the run, each step's time per spec side by side, then auto's
-    decisions with their steps."""
+    """Markdown: per link that changes during the run, each step's time per spec side by side; then, on every link,
+    auto's decisions with their steps."""
     lines = []
     for link in dict.fromkeys(name for name, _ in timelines):
         specs = [spec for name, spec in timelines if name == link]
         steps = sorted({s for spec in specs for s, _ in timelines[link, spec][0]})
-        lines += ["", f"Step times (s) on `{link}`, whose link changes during the run:", "",
-                  "| step | " + " | ".join(f"`{spec}`" for spec in specs) + " |", "|---|" + "---|" * len(specs)]
+        if steps:
+            lines += ["", f"Step times (s) on `{link}`, whose link changes during the run:", "",
+                      "| step | " + " | ".join(f"`{spec}`" for spec in specs) + " |", "|---|" + "---|" * len(specs)]
         for step in steps:
             cells = [next((f"{t:.3f}" for s, t in timelines[link, spec][0] if s == step), "") for spec in specs]
             lines.append(f"| {step} | " + " | ".join(cells) + " |")
         for spec in specs:
             if timelines[link, spec][1]:
-                lines += ["", f"`{spec}`'s decisions (the sender's log, deduplicated across processes):", ""]
+                lines += ["", f"`{spec}`'s decisions on `{link}` (the sender's log, deduplicated across processes):", ""]
                 lines += [f"- {d}" for d in dict.fromkeys(timelines[link, spec][1])]
     return lines
 

@@ -9,7 +9,12 @@ Three tables, side by side in one run:
 - back-to-back bandwidth: encode + decode rounds of a large tensor queued without waiting, next to `copy_` queued the
   same way. Where the host's time per round is below the kernels', this is the kernels' bandwidth; where it is
   above, the host limits it;
-- with --profile, cProfile's functions with the most host time for each spec's small round trip.
+- with --boundary, the same for a training micro-batch through an in-process boundary (`CompressionBoundary`,
+  forward and backward through autograd, statistics on, as `insert_boundaries` runs it), next to a plain
+  `clone` through autograd: the boundary's own host cost per micro-batch, which a host-bound training step pays at
+  every boundary;
+- with --profile, cProfile's functions with the most host time for each spec's small round trip (and, with
+  --boundary, for its boundary).
 """
 from __future__ import annotations
 
@@ -58,6 +63,24 @@ def host_rows(spec: str, x: torch.Tensor, calls: int) -> dict:
     return {"spec": spec, "enc_us": enc * 1e6, "dec_us": dec * 1e6}
 
 
+def boundary_round(spec: str | None, x: torch.Tensor) -> Callable[[], object]:
+    """One training micro-batch through a boundary of `spec` (None: a plain clone), forward and backward."""
+    x = x.detach().requires_grad_()
+    g = torch.ones_like(x)
+    b = ppc.CompressionBoundary(spec) if spec else None
+    return lambda: torch.autograd.backward(b(x) if b else x.clone(), g)
+
+
+def boundary_rows(specs: list[str], x: torch.Tensor, calls: int) -> list[dict]:
+    """Host µs per micro-batch (forward + backward) of each spec's boundary and of a plain clone, in turns."""
+    fns = {"(clone, no boundary)": boundary_round(None, x), **{spec: boundary_round(spec, x) for spec in specs}}
+    best: dict[str, float] = {}
+    for _ in range(3):  # in turns, the best of three: a shared machine's other work lands on some of them
+        for name, fn in fns.items():
+            best[name] = min(best.get(name, float("inf")), per_call(fn, x.device, calls)[0])
+    return [{"spec": name, "us": t * 1e6, "extra_us": (t - best["(clone, no boundary)"]) * 1e6} for name, t in best.items()]
+
+
 def stream_row(spec: str, x: torch.Tensor, rounds: int, copy_s: float) -> dict:
     op, ctx = ppc.build(spec), context(x.device)
 
@@ -72,13 +95,14 @@ def stream_row(spec: str, x: torch.Tensor, rounds: int, copy_s: float) -> dict:
     return {"spec": spec, "host_ms": host * 1e3, "round_ms": total * 1e3, "vs_copy": copy_s / total}
 
 
-def profile(spec: str, x: torch.Tensor, calls: int, top: int) -> str:
+def profile(spec: str, x: torch.Tensor, calls: int, top: int, boundary: bool = False) -> str:
     op, ctx = ppc.build(spec), context(x.device)
-    op.decompress(op.compress(x, ctx), ctx)
+    fn = boundary_round(spec, x) if boundary else lambda: op.decompress(op.compress(x, ctx), ctx)
+    fn()
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
-        op.decompress(op.compress(x, ctx), ctx)
+        fn()
     prof.disable()
     sync(x.device)
     if ctx.deferred is not None:
@@ -97,6 +121,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--calls", type=int, default=500, help="back-to-back calls per host measurement")
     ap.add_argument("--rounds", type=int, default=100, help="back-to-back rounds per bandwidth measurement")
+    ap.add_argument("--boundary", action="store_true", help="also time a training micro-batch through each spec's "
+                    "in-process boundary")
     ap.add_argument("--profile", action="store_true", help="append cProfile's top functions per spec")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -125,10 +151,22 @@ def main() -> None:
                   f"{r['vs_copy']:.0%} of copy_", flush=True)
             lines.append(f"| `{spec}` | {r['host_ms']:.3f} | {r['round_ms']:.3f} | {r['vs_copy']:.0%} |")
         lines.append("")
+        if args.boundary:
+            lines += [f"Host µs per training micro-batch through an in-process boundary (forward + backward), "
+                      f"{args.small} {dtype}, {args.calls} back-to-back calls, best of 3 in turns; extra = over a "
+                      "plain clone through autograd:", "", "| spec | µs | extra µs |", "|---|---|---|"]
+            for r in boundary_rows(args.spec, small, args.calls):
+                print(f"{dtype} {r['spec']:16s} boundary: {r['us']:.1f} us per micro-batch, {r['extra_us']:+.1f} us",
+                      flush=True)
+                lines.append(f"| `{r['spec']}` | {r['us']:.1f} | {r['extra_us']:+.1f} |")
+            lines.append("")
         if args.profile and dtype == (args.dtype or ["fp32"])[0]:
             for spec in args.spec:
                 lines += [f"cProfile, `{spec}`, {args.calls} round trips of {args.small} {dtype}:", "", "```",
                           profile(spec, small, args.calls, 25).strip(), "```", ""]
+                if args.boundary:
+                    lines += [f"cProfile, `{spec}`'s boundary, {args.calls} micro-batches of {args.small} {dtype}:", "",
+                              "```", profile(spec, small, args.calls, 25, boundary=True).strip(), "```", ""]
     out = args.out or ROOT / "results" / "bench" / f"host_{device.type}.md"
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")

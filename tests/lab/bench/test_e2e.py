@@ -30,6 +30,8 @@ def test_a_changing_link_gets_a_table_of_step_times_and_autos_decisions():
     table = "\n".join(lines)
     assert "| step | `none` | `auto` |" in table and "| 1 | 0.500 | 0.600 |" in table and "| 2 | 3.250 |  |" in table
     assert "- step 8: pp_compress auto: boundary 1 grad" in table and table.count("decisions") == 1
+    steady = "\n".join(timeline({("25mbit", "auto"): ([], decisions[:1])}))  # a steady link: decisions, no step table
+    assert "| step |" not in steady and "`auto`'s decisions on `25mbit`" in steady and "- step 0: pp_compress" in steady
 
 
 def test_delay_model():

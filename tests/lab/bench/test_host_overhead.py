@@ -1,0 +1,19 @@
+"""benchmarks/host_overhead.py: one tiny real run on CPU writes its tables, the in-process boundary's among them."""
+import subprocess
+import sys
+
+from tests.integration.launch import ROOT
+
+
+def test_host_overhead_writes_the_boundary_table_next_to_a_plain_clone(tmp_path):
+    out = tmp_path / "host.md"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/host_overhead.py"), "--device", "cpu", "--spec", "identity",
+                           "--spec", "int8", "--small", "2x8x64", "--large", "2x8x64", "--dtype", "fp32", "--calls", "3",
+                           "--rounds", "3", "--boundary", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    md = out.read_text()
+    table = md.split("through an in-process boundary", 1)[1].splitlines()
+    rows = [r for r in table if r.startswith("| `")]
+    assert [r.split("|")[1].strip() for r in rows] == ["`(clone, no boundary)`", "`identity`", "`int8`"]
+    assert rows[0].endswith("| +0.0 |")  # the reference's own extra
+    assert float(rows[2].split("|")[2]) > 0
