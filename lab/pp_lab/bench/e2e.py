@@ -220,6 +220,8 @@ def main() -> None:
                          "after --), with the real model's compute per step")
     ap.add_argument("--model", default=None, help="pretrain's GPT preset (default: small)")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run each link's specs this many times in turns; a row is the run of the median step time")
     ap.add_argument("--tied", action="store_true", help="tied embeddings (adds the embedding-gradient all-reduce to the links)")
     ap.add_argument("--emulate", action="store_true", help="in-process link emulation even where namespaces work")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "e2e")
@@ -246,18 +248,29 @@ def main() -> None:
     results: list[dict] = []
     timelines: dict[tuple[str, str], tuple[list[tuple[int, float]], list[str]]] = {}
     for ns, (name, rate, latency), lenv in shaped_links(args.stages, links, mode == "netns+tbf", env):
+        runs: dict[str, list[tuple[dict, list[dict], str]]] = {spec: [] for spec in specs}
+        for turn in range(args.rounds):  # the specs in turns, so that a drift of the machine spreads over all of them
+            for spec in specs:
+                out = args.work / (f"{name}_{re.sub(r'[^A-Za-z0-9.]+', '-', spec)}"
+                                   + (f"_r{turn + 1}" if args.rounds > 1 else ""))
+                compress, *own = spec.split()  # 'int8 --subspace 12': a spec, then options of this run only
+                rargs = [*recipe, *own, "--pp-compress", compress, "--out", str(out)]
+                t0 = time.perf_counter()
+                rc, log = run_throttled(ns, args.stages, ROOT / "recipes" / f"{args.recipe}.py", rargs, lenv, 3600)
+                if rc != 0:
+                    raise SystemExit(f"link {name}, spec {spec}: exit {rc}\n{log[-4000:]}")
+                rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+                a = json.loads((out / "run.json").read_text())["args"]
+                r = {"mode": mode, "link": name, "rate_mbit": rate, "latency_ms": latency, "spec": spec,
+                     **measure(rows, out), "batch": f"micro-batch {a['micro_batch']} x seq {a['seq_len']}, "
+                                                    f"{a['grad_accum']} micro-batches per step"}
+                runs[spec].append((r, rows, log))
+                print(f"{name:>8s} {spec:24s} step {r['step_s']:.3f} s  {r['tokens_per_s']:7.0f} tok/s  wire "
+                      f"{(r['act_wire'] + r['grad_wire']) / 1e6:6.2f} MB/step"
+                      + (f"  (round {turn + 1})" if args.rounds > 1 else "") + f"  ({time.perf_counter() - t0:.0f} s)",
+                      flush=True)
         for spec in specs:
-            out = args.work / f"{name}_{re.sub(r'[^A-Za-z0-9.]+', '-', spec)}"
-            compress, *own = spec.split()  # 'int8 --subspace 12': a spec, then options of this run only
-            rargs = [*recipe, *own, "--pp-compress", compress, "--out", str(out)]
-            t0 = time.perf_counter()
-            rc, log = run_throttled(ns, args.stages, ROOT / "recipes" / f"{args.recipe}.py", rargs, lenv, 3600)
-            if rc != 0:
-                raise SystemExit(f"link {name}, spec {spec}: exit {rc}\n{log[-4000:]}")
-            rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-            a = json.loads((out / "run.json").read_text())["args"]
-            r = {"mode": mode, "link": name, "rate_mbit": rate, "latency_ms": latency, "spec": spec, **measure(rows, out),
-                 "batch": f"micro-batch {a['micro_batch']} x seq {a['seq_len']}, {a['grad_accum']} micro-batches per step"}
+            r, rows, log = median_run(runs[spec])
             base = next((b for b in results if b["link"] == name and b["spec"] == "none"), None)
             r["speedup"] = base["step_s"] / r["step_s"] if base else None
             results.append(r)
@@ -266,10 +279,15 @@ def main() -> None:
                                          AUTO_LINE.findall(log))
             elif AUTO_LINE.search(log):  # auto on a steady link: its decisions, which say why its step took what it did
                 timelines[name, spec] = ([], AUTO_LINE.findall(log))
-            print(f"{name:>8s} {spec:24s} step {r['step_s']:.3f} s  {r['tokens_per_s']:7.0f} tok/s  wire "
-                  f"{(r['act_wire'] + r['grad_wire']) / 1e6:6.2f} MB/step"
-                  + (f"  speedup {r['speedup']:.2f}x" if r["speedup"] else "") + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
     write(results, args, mode, timelines)
+
+
+def median_run(runs: list[tuple[dict, list[dict], str]]) -> tuple[dict, list[dict], str]:
+    """Of one spec's rounds on one link, the run of the median step time (the lower one of an even count), its row
+    carrying every round's step time."""
+    ordered = sorted(runs, key=lambda run: run[0]["step_s"])
+    r, rows, log = ordered[(len(ordered) - 1) // 2]
+    return {**r, "rounds": " ".join(f"{run[0]['step_s']:.3f}" for run in runs)}, rows, log
 
 
 AUTO_LINE = re.compile(r"step \d+: pp_compress auto: boundary \d+ \w+: [^\n]*")
@@ -313,15 +331,19 @@ def write(results: list[dict], args: argparse.Namespace, mode: str,
              + (" Tied embeddings: the links also carry the embedding-gradient all-reduce between the first and last "
                 "stage each step (not counted in wire MB)." if args.tied else " Untied embeddings: the links carry pipeline "
                 "traffic only.") + (f" Recipe options: `{' '.join(args.recipe_args)}`." if args.recipe_args else ""), "",
-             "| link | latency | pp_compress | wire MB/step | step time (s) | tokens/s | speedup vs none |",
-             "|---|---|---|---|---|---|---|"]
+             "| link | latency | pp_compress | wire MB/step | step time (s) | tokens/s | speedup vs none |"
+             + (" each round's step time (s) |" if args.rounds > 1 else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if args.rounds > 1 else "")]
+    if args.rounds > 1:
+        lines[2] += (f" Each link's specs ran {args.rounds} times in turns; a row is the round of the median step "
+                     "time.")
     for r in results:
         per_boundary = "=" in r["link"]  # a link per boundary: the profile's own text says what each is
         link = r["link"] if per_boundary else "unlimited" if r["rate_mbit"] == 0 else f"{r['link']}"
         latency = "per link" if per_boundary else f"{r['latency_ms']:g} ms"
         sp = f"{r['speedup']:.2f}x" if r["speedup"] else ""
         lines.append(f"| `{link}` | {latency} | `{r['spec']}` | {(r['act_wire'] + r['grad_wire']) / 1e6:.2f} | "
-                     f"{r['step_s']:.3f} | {r['tokens_per_s']:,.0f} | {sp} |")
+                     f"{r['step_s']:.3f} | {r['tokens_per_s']:,.0f} | {sp} |" + (f" {r['rounds']} |" if args.rounds > 1 else ""))
     lines += timeline(timelines or {})
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pp_lab.bench.e2e import AUTO_LINE, LINKS, netns_permitted, parse_link, timeline
+from pp_lab.bench.e2e import AUTO_LINE, LINKS, median_run, netns_permitted, parse_link, timeline
 from pp_lab.bench.throttle import delay_s
 from tests.integration.launch import ROOT
 
@@ -32,6 +32,14 @@ def test_a_changing_link_gets_a_table_of_step_times_and_autos_decisions():
     assert "- step 8: pp_compress auto: boundary 1 grad" in table and table.count("decisions") == 1
     steady = "\n".join(timeline({("25mbit", "auto"): ([], decisions[:1])}))  # a steady link: decisions, no step table
     assert "| step |" not in steady and "`auto`'s decisions on `25mbit`" in steady and "- step 0: pp_compress" in steady
+
+
+def test_rounds_in_turns_report_the_run_of_the_median_step_time():
+    runs = [({"step_s": t}, [{"step": 1, "step_s": t}], f"log {t}") for t in (0.9, 0.7, 1.4)]
+    row, rows, log = median_run(runs)
+    assert row == {"step_s": 0.9, "rounds": "0.900 0.700 1.400"} and log == "log 0.9" and rows[0]["step_s"] == 0.9
+    assert median_run(runs[1:])[0]["step_s"] == 0.7  # of an even count, the lower: a run that happened
+    assert median_run(runs[:1])[0] == {"step_s": 0.9, "rounds": "0.900"}
 
 
 def test_delay_model():
