@@ -6,7 +6,8 @@
 #    the device kernels (ops/triton_int.py, ops/triton_vq.py) next to the eager reference (:kernel=eager);
 # 2. benchmarks/vq_search.py: vq's device encoder with its pruned search next to the exhaustive one;
 #    benchmarks/codec_profile.py: kernels launched and host synchronizations per encode + decode round;
-# 3. benchmarks/host_overhead.py: the host's µs per encode / decode call, and back-to-back rounds next to copy_;
+# 3. benchmarks/host_overhead.py: the host's µs per encode / decode call, back-to-back rounds next to copy_, and a
+#    training micro-batch through an in-process boundary;
 # 4. benchmarks/train_step.py: the codec's share of a SmolLM2-135M training step with boundaries at the study's three
 #    cuts, and whether a steady-state step synchronizes the host (sync debug mode 'error');
 # 5. the CUDA tests (tests/unit/ops/test_cuda.py, tests/unit/test_cuda.py): payloads on the device with the layout's
@@ -33,7 +34,7 @@ for dtype in fp32 bf16; do
         --out "$out/codec_profile_cuda_$dtype.md" 2>&1 | grep -v "^USDT\|UserWarning\|_warn_once" || rc=1
 done
 python3 benchmarks/host_overhead.py --device cuda --spec identity --spec bf16 --spec int8 --spec int8:rot \
-    --spec int4:rot --spec int3:stoch --spec vq:4 --profile --out "$out/host_cuda.md" || rc=1
+    --spec int4:rot --spec int3:stoch --spec vq:4 --boundary --profile --out "$out/host_cuda.md" || rc=1
 python3 benchmarks/train_step.py --device cuda --dtype bf16 --sync-check --profile identity --profile safe --out "$out/train_step_cuda_bf16.md" || rc=1
 python3 -m pytest -q -p no:cacheprovider tests/unit/ops/test_cuda.py tests/unit/test_cuda.py 2>&1 | tee "$out/cuda_tests.log" || rc=1
 exit $rc

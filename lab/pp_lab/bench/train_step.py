@@ -7,7 +7,9 @@ Weights are randomly initialised in SmolLM2-135M's sizes (a step costs the same 
 random, AdamW updates every parameter. Every spec trains its own copy of the model from the same initialisation;
 the specs take turns, one timed step each per round, so that a drift of the device's clocks spreads over all of them.
 Step times are CUDA events (device time of a whole step, forward, backward and optimizer), medians over the rounds.
-"Overhead" is a spec's median step time over the uncompressed one's, less one. With `--sync-check`, one more step
+"Overhead" is a spec's median step time over the uncompressed one's, less one; its 95% interval is a bootstrap over
+the rounds, resampled in pairs (a round's step of the spec with the same round's uncompressed step), so that it
+says how far this run's noise leaves the figure open (scipy.stats.bootstrap, percentile). With `--sync-check`, one more step
 per spec runs under `torch.cuda.set_sync_debug_mode("error")`, which raises at any host-device synchronization.
 Results: results/bench/<card>/train_step_<dtype>.md.
 """
@@ -50,6 +52,21 @@ def stepper(model: GPT, boundaries: list, opt: torch.optim.Optimizer, ids: torch
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step
+
+
+def overhead(times: list[float], base: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(median(times) / median(base) - 1, and its bootstrap interval's ends): rounds resampled in pairs."""
+    import numpy as np
+    from scipy import stats
+
+    point = statistics.median(times) / statistics.median(base) - 1
+    if len(times) < 3:
+        return point, float("nan"), float("nan")
+    res = stats.bootstrap((np.asarray(times), np.asarray(base)), lambda t, b, axis=-1:
+                          np.median(t, axis=axis) / np.median(b, axis=axis) - 1, paired=True, vectorized=True,
+                          confidence_level=confidence, n_resamples=2000, method="percentile",
+                          random_state=np.random.default_rng(0))
+    return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def sync_check(step: Callable[[], None]) -> str:
@@ -117,22 +134,24 @@ def main() -> None:
             times.append(elapsed(step, device))
         print(f"round {r + 1}/{args.rounds}: " + "  ".join(f"{s} {t[-1] * 1e3:.1f} ms" for s, (_, _, t) in runs.items()),
               flush=True)
-    base = statistics.median(runs["none"][2])
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     lines = [f"Command: `python benchmarks/train_step.py {' '.join(map(shlex.quote, sys.argv[1:]))}`", "",
              f"Device: {name}, torch {torch.__version__}; SmolLM2-135M sizes ({cfg.n_layer} blocks), random init, "
              f"{args.dtype}, batch {args.batch} x {args.seq} tokens, AdamW; boundaries after layers "
              f"{', '.join(map(str, CUTS))}; medians of {args.rounds} steps per spec, taken in turns, after "
              f"{args.warmup} warm-up steps.", "",
-             "| spec | step ms | overhead | act wire bytes / raw | host syncs in a step |", "|---|---|---|---|---|"]
+             "| spec | step ms | overhead | 95% interval | act wire bytes / raw | host syncs in a step |",
+             "|---|---|---|---|---|---|"]
     for spec, (step, boundaries, times) in runs.items():
         t = statistics.median(times)
+        point, low, high = overhead(times, runs["none"][2])
         syncs = sync_check(step) if args.sync_check and device.type == "cuda" else "not checked"
         for b in boundaries:
             b.check()
         raw = sum(b.stats["act"].raw_bytes for b in boundaries)
         ratio = f"{sum(b.stats['act'].wire_bytes for b in boundaries) / raw:.3f}" if raw else ""
-        lines.append(f"| `{spec}` | {t * 1e3:.2f} | {t / base - 1:+.1%} | {ratio} | {syncs} |")
+        interval = "" if spec == "none" or low != low else f"{low:+.1%} .. {high:+.1%}"
+        lines.append(f"| `{spec}` | {t * 1e3:.2f} | {point:+.1%} | {interval} | {ratio} | {syncs} |")
         print(lines[-1], flush=True)
     for spec in args.profile:
         if spec not in runs:

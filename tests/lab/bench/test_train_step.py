@@ -14,6 +14,16 @@ def test_a_quick_run_writes_each_spec_against_none(tmp_path, monkeypatch):
     assert "| `none` |" in table and "| `int8` |" in table and "0.25" in table  # int8's wire bytes over raw
 
 
+def test_the_overhead_interval_comes_from_rounds_resampled_in_pairs():
+    base = [100.0, 101.0, 99.0, 100.5, 99.5, 100.0, 100.2, 99.8]
+    point, low, high = train_step.overhead([b * 1.05 for b in base], base)  # 5% slower in every round
+    assert point == pytest.approx(0.05) and low == pytest.approx(0.05) and high == pytest.approx(0.05)
+    noisy = [b * (1.05 if i % 2 else 0.95) for i, b in enumerate(base)]  # half the rounds faster, half slower
+    point, low, high = train_step.overhead(noisy, base)
+    assert low < point < high and low <= -0.02 and high >= 0.02
+    assert train_step.overhead([1.0, 2.0], [1.0, 1.0])[1] != train_step.overhead([1.0, 2.0], [1.0, 1.0])[1]  # nan: too few
+
+
 def test_none_is_required(monkeypatch):
     monkeypatch.setattr("sys.argv", ["train_step.py", "--device", "cpu", "--spec", "int8"])
     with pytest.raises(SystemExit, match="--spec none is the reference"):
