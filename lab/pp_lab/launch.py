@@ -47,9 +47,24 @@ def start_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", 
 
 
 def run_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", timeout: int = 240,
-            env: dict[str, str] | None = None) -> tuple[int, str]:
+            env: dict[str, str] | None = None, log_file: Path | None = None) -> tuple[int, str]:
     """Run `script` on nproc CPU processes (gloo); returns (exit code, combined log). A job that runs past `timeout`
-    is killed, ranks and all, and raises TimeoutError."""
+    is killed, ranks and all, and raises TimeoutError. With `log_file`, the log is appended there as it is written
+    (so that a job cut off with its caller keeps it), and the returned log is this job's part of it."""
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        start = log_file.stat().st_size if log_file.exists() else 0
+        with open(log_file, "a") as f:
+            proc, tag = start_job(script, nproc, *args, launcher=launcher, env=env, log=f)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                kill_job(tag)
+                proc.wait(timeout=30)
+                raise TimeoutError(f"job hung for {timeout}s:\n{_tail(log_file, start)}")
+            finally:
+                kill_job(tag)
+        return proc.returncode, _tail(log_file, start, None)
     proc, tag = start_job(script, nproc, *args, launcher=launcher, env=env)
     try:
         log, _ = proc.communicate(timeout=timeout)
@@ -60,6 +75,14 @@ def run_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", ti
     finally:
         kill_job(tag)
     return proc.returncode, log
+
+
+def _tail(path: Path, start: int, chars: int | None = 4000) -> str:
+    """What was appended to `path` from byte `start` on (its last `chars` characters)."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        text = f.read().decode(errors="replace")
+    return text if chars is None else text[-chars:]
 
 
 def rank_pids(tag: str) -> dict[int, int]:

@@ -296,16 +296,16 @@ def main() -> None:
             script, first, env = ROOT / "recipes" / recipe, [], None
             if name in AUTO_RUNS:  # through the emulated links
                 script, first, env = THROTTLE, [str(script)], {"PPC_BENCH_LINKS": AUTO_RUNS[name][1]}
-            try:
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / TRAIN_LOG, "a") as f:
+                f.write(f"{ATTEMPT} {again} {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            try:  # the log goes to the run's directory as it is written: a run cut off with this process keeps it
                 rc, log = run_job(script, nproc, *first, *recipe_args, "--pp-compress", spec, "--out", str(out), again,
-                                  timeout=10800, env=env)
+                                  timeout=10800, env=env, log_file=out / TRAIN_LOG)
             except TimeoutError as e:  # run_job: the job hung or overran (and was killed); go on with the next setting
                 rc, log = 124, str(e)
-            if name in AUTO_RUNS:  # auto's decisions, every attempt's (a resumed run decides again)
-                out.mkdir(parents=True, exist_ok=True)
-                with open(out / DECISIONS, "a") as f:
-                    f.write(f"# attempt {again}, links {AUTO_RUNS[name][1]}, rc={rc}\n"
-                            + "".join(line + "\n" for line in AUTO_LINE.findall(log)))
+            if name in AUTO_RUNS:
+                write_decisions(out, AUTO_RUNS[name][1])
             print(f"{name:24s} {spec:34s} {again} rc={rc} {time.perf_counter() - t0:.0f} s", flush=True)
             if rc != 0:
                 print(log[-3000:], flush=True)
@@ -324,6 +324,19 @@ def main() -> None:
 
 DECISIONS = "decisions.log"
 """An `auto` run's decisions (its log lines), in its run directory."""
+TRAIN_LOG = "train.log"
+"""A run's output (every attempt's, appended), in its run directory; not kept in results/eval."""
+ATTEMPT = "=== eval/study.py: attempt"
+"""The line that starts each attempt's part of TRAIN_LOG."""
+
+
+def write_decisions(out: Path, links: str) -> None:
+    """An auto run's decisions from its log, every attempt's (a resumed run decides again) -> out/DECISIONS."""
+    attempts = (out / TRAIN_LOG).read_text(errors="replace").split(ATTEMPT) if (out / TRAIN_LOG).exists() else []
+    lines = [f"# links {links}"]
+    for i, text in enumerate(a for a in attempts if a.strip()):
+        lines += [f"# attempt {i + 1}", *AUTO_LINE.findall(text)]
+    (out / DECISIONS).write_text("\n".join(lines) + "\n")
 LOGS = ("metrics.jsonl", "run.json", "summary.json", DECISIONS)
 """What of a run directory is kept in results/eval (checkpoints are not)."""
 SM_LOGS = (*LOGS, "infer_none.json")

@@ -22,7 +22,8 @@ def test_landed_smollm2_settings_are_not_trained_again(tmp_path: Path, monkeypat
     assert study.landed("sm-base") and not study.landed("sm-safe")  # no uncompressed evaluation yet: not landed
     trained: list[str] = []
 
-    def run_job(recipe: Path, nproc: int, *args: str, timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
+    def run_job(recipe: Path, nproc: int, *args: str, timeout: float, env: dict[str, str] | None = None,
+                log_file: Path | None = None) -> tuple[int, str]:
         trained.append(args[args.index("--out") + 1])
         return 1, "stopped here"  # a failed run: the study logs it and goes on to the next setting
 
@@ -44,12 +45,13 @@ def test_retrain_trains_landed_settings_again_and_keeps_their_committed_logs(tmp
     monkeypatch.setattr(study, "ROOT", tmp_path)
     monkeypatch.setattr(study, "RESULTS", tmp_path / "results" / "eval")
 
-    def run_job(recipe: Path, nproc: int, *args: str, timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
+    def run_job(recipe: Path, nproc: int, *args: str, timeout: float, env: dict[str, str] | None = None,
+                log_file: Path | None = None) -> tuple[int, str]:
         out = Path(args[args.index("--out") + 1])  # training writes the run's summary, inference its own file
         if recipe.name == "infer.py":
             out.write_text("{}")
         else:
-            out.mkdir(parents=True)
+            out.mkdir(parents=True, exist_ok=True)  # the study made it for the run's log
             (out / "summary.json").write_text(json.dumps({"final_val_loss": 3.3471}))
         return 0, ""
 
@@ -69,9 +71,13 @@ def test_auto_runs_go_through_their_emulated_links_and_keep_their_decisions(tmp_
     decision = ("step 21: pp_compress auto: boundary 1 act: link 0.000625 GB/s, 20.8 ms; aggressive "
                 "(act=vq:4,grad=vq:3): 112 ms per message expected against 650 ms dense (83% saved)")
 
-    def run_job(script: Path, nproc: int, *args: str, timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
+    def run_job(script: Path, nproc: int, *args: str, timeout: float, env: dict[str, str] | None = None,
+                log_file: Path | None = None) -> tuple[int, str]:
         calls.append((script, args, env))
-        return 1, f"[rank1]: {decision}\nsome other line\n"  # cut off: the next attempt appends its own
+        assert log_file is not None
+        with open(log_file, "a") as f:  # as the job writes it
+            f.write(f"[rank1]: {decision}\nsome other line\n")
+        return 1, ""  # cut off: the next attempt appends its own
 
     monkeypatch.setattr(study, "run_job", run_job)
     monkeypatch.setattr(sys, "argv", ["study.py", "--protocol", "long", "--only", "auto-mixed", "--runs", str(tmp_path / "runs")])
@@ -82,7 +88,8 @@ def test_auto_runs_go_through_their_emulated_links_and_keep_their_decisions(tmp_
     assert args[args.index("--pp-compress") + 1] == "auto:max=aggressive:model=small-gpt"
     assert env == {"PPC_BENCH_LINKS": study.AUTO_LONG["auto-mixed"][1]}
     log = (tmp_path / "runs" / "auto-mixed" / study.DECISIONS).read_text().splitlines()
-    assert log.count(decision) == 2 and len(log) == 4 and log[0].startswith("# attempt --overwrite")
+    assert log == [f"# links {study.AUTO_LONG['auto-mixed'][1]}", "# attempt 1", decision, "# attempt 2", decision]
+    assert (tmp_path / "runs" / "auto-mixed" / study.TRAIN_LOG).read_text().count(study.ATTEMPT) == 2
 
 
 def test_every_auto_run_is_in_its_protocols_order_once() -> None:
