@@ -48,7 +48,9 @@ def rows(results: Path) -> list[dict]:
             tol = frontier.tolerance(None if seed1 is None else abs(seed1[0] - base[0]))
             delta = final - base[0]
             bits = {d: 32 * wire[d] / base[2][d] for d in ("act", "grad")}  # against the baseline's dense fp32 bytes
+            steps = json.loads((where / name / "summary.json").read_text())["steps"]
             out.append({"name": name, "model": bed.model, "spec": spec, "links": links, "final": final, "delta": delta,
+                        "steps": steps, "where": bed.results,
                         "tolerance": tol, "verdict": None if tol is None else "parity" if delta <= tol else "worse",
                         "bits": bits, "switches": switches(where / name / DECISIONS)})
     return out
@@ -66,7 +68,27 @@ def block(results: Path) -> list[str]:
         out.append(f"| {r['name']} | {r['model']} | `{r['spec']}` | `{r['links']}` | {r['bits']['act']:.2f} / "
                    f"{r['bits']['grad']:.2f} | {r['final']:.4f} | {r['delta']:+.4f} | {tol} | {r['verdict'] or 'n/a'} |")
     for r in found:
-        out += ["", f"{r['name']}'s decisions (step: pick; a resumed attempt starts over at its first step):", ""]
-        out += [f"- boundary {b} {d}: " + ", ".join(f"{s}: {p}" for s, p in picks)
-                for (b, d), picks in sorted(r["switches"].items())]
+        out += ["", f"{r['name']}'s decisions per boundary and direction: the share of its {r['steps']} steps under each "
+                f"pick, and how many times a round changed it (`results/eval/{r['where']}/{r['name']}/decisions.log` has "
+                "every decision with its measured link):", "", "| boundary | direction | steps under each pick | changes |",
+                "|---|---|---|---|"]
+        for (b, d), picks in sorted(r["switches"].items()):
+            share = shares(picks, r["steps"])
+            out.append(f"| {b} | {d} | " + ", ".join(f"{p} {v:.0%}" for p, v in share.items()) + f" | {changes(picks)} |")
     return out
+
+
+def shares(picks: list[tuple[int, str]], steps: int) -> dict[str, float]:
+    """The share of steps 1..steps under each pick: a decision holds from its step to the next one (in step order)."""
+    ordered = sorted(picks)
+    out: dict[str, float] = {}
+    for i, (step, pick) in enumerate(ordered):
+        end = ordered[i + 1][0] if i + 1 < len(ordered) else steps + 1
+        out[pick] = out.get(pick, 0.0) + max(end - max(step, 1), 0) / steps
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def changes(picks: list[tuple[int, str]]) -> int:
+    """How many decisions differ from the one before them (the first one is not a change)."""
+    ordered = [p for _, p in sorted(picks)]
+    return sum(a != b for a, b in zip(ordered, ordered[1:]))
