@@ -85,14 +85,22 @@ def ptxas_path() -> str:
     return get_ptxas(90).path
 
 
-def resources(kernel: Any, sig: dict, const: dict, warps: int, ptxas: str) -> dict[str, int]:
-    """Registers per thread, spill stores / loads and stack frame (bytes) of the kernel compiled for sm_90."""
+def sm90_ptx(kernel: Any, sig: dict[str, str], const: dict, warps: int) -> str:
+    """The PTX of `kernel` compiled for sm_90 (no GPU needed) for runtime arguments of Triton types `sig` (in the
+    kernel's order; pointers 16-byte aligned, as torch's) and `const`, without contracted multiply-adds (as
+    ops/triton_launch.py launches it)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
 
     aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
     src = ASTSource(kernel, {**sig, **{n: "constexpr" for n in const}}, const, aligned)
-    ptx = compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]
+    return compile(src, target=GPUTarget("cuda", 90, 32),
+                   options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]
+
+
+def resources(kernel: Any, sig: dict, const: dict, warps: int, ptxas: str) -> dict[str, int]:
+    """Registers per thread, spill stores / loads and stack frame (bytes) of the kernel compiled for sm_90."""
+    ptx = sm90_ptx(kernel, sig, const, warps)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.ptx"
         path.write_text(ptx)

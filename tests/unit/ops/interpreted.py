@@ -70,15 +70,11 @@ def errors(specs: tuple[str, ...], call: Callable[[Compressor, ppc.Context], obj
 
 
 def hopper_ptx(fn, sig: dict[str, str], consts: dict, warps: int) -> str:
-    """The PTX of the kernel `fn` compiled for sm_90 (no GPU needed) for runtime arguments of Triton types `sig` (in
-    the kernel's order; pointers 16-byte aligned, as torch's) and `consts`, without contracted multiply-adds (as
-    ops/triton_launch.py launches it); asserts that it holds no contracted or approximate fp32 arithmetic."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile
+    """The PTX of the kernel `fn` compiled for sm_90 (`pp_lab.bench.ptxas.sm90_ptx`: no GPU needed, no contracted
+    multiply-adds); asserts that it holds no contracted or approximate fp32 arithmetic."""
+    from pp_lab.bench.ptxas import sm90_ptx
 
-    aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
-    ptx = compile(ASTSource(fn, {**sig, **{n: "constexpr" for n in consts}}, consts, aligned),
-                  target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]
+    ptx = sm90_ptx(fn, sig, consts, warps)
     for approx in ("fma.rn.f32", "div.full", "sqrt.approx"):  # the reference's IEEE roundings
         assert approx not in ptx, (fn, sig, approx)
     return ptx
