@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -53,36 +54,25 @@ def run_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", ti
     (so that a job cut off with its caller keeps it), and the returned log is this job's part of it."""
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        start = log_file.stat().st_size if log_file.exists() else 0
-        with open(log_file, "a") as f:
-            proc, tag = start_job(script, nproc, *args, launcher=launcher, env=env, log=f)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                kill_job(tag)
-                proc.wait(timeout=30)
-                raise TimeoutError(f"job hung for {timeout}s:\n{_tail(log_file, start)}")
-            finally:
-                kill_job(tag)
-        return proc.returncode, _tail(log_file, start, None)
-    proc, tag = start_job(script, nproc, *args, launcher=launcher, env=env)
-    try:
-        log, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_job(tag)
-        log, _ = proc.communicate(timeout=30)
-        raise TimeoutError(f"job hung for {timeout}s:\n{log[-4000:]}")
-    finally:
-        kill_job(tag)
-    return proc.returncode, log
+    with open(log_file, "a+") if log_file is not None else tempfile.TemporaryFile("w+") as f:
+        begin = os.fstat(f.fileno()).st_size
+        proc, tag = start_job(script, nproc, *args, launcher=launcher, env=env, log=f)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_job(tag)
+            proc.wait(timeout=30)
+            raise TimeoutError(f"job hung for {timeout}s:\n{_since(f, begin)[-4000:]}") from None
+        finally:
+            kill_job(tag)
+        return proc.returncode, _since(f, begin)
 
 
-def _tail(path: Path, start: int, chars: int | None = 4000) -> str:
-    """What was appended to `path` from byte `start` on (its last `chars` characters)."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        text = f.read().decode(errors="replace")
-    return text if chars is None else text[-chars:]
+def _since(f: Any, begin: int) -> str:
+    """What was written to the open log `f` from byte `begin` on."""
+    f.flush()
+    f.seek(begin)
+    return f.read()
 
 
 def rank_pids(tag: str) -> dict[int, int]:
