@@ -17,13 +17,16 @@ from pp_compress.ops.base import Compressor, Deferred, layout_nbytes
 def import_kernels(*names: str) -> None:
     """Import pp_compress.ops.<name> for each name with the interpreter on, the environment restored afterwards; skip
     the calling test module where this process already compiled the kernels for a device."""
-    loaded = sys.modules.get("pp_compress.ops._triton_int_kernels")  # every kernel module imports its helpers
-    if loaded is not None:
-        from pp_compress.ops import triton_launch
+    from pp_compress.ops import triton_launch
 
-        if not triton_launch.interpreting(loaded.encode):
-            pytest.skip("the kernels were compiled for a device in this process; the interpreter cannot take them over",
-                        allow_module_level=True)
+    loaded = sys.modules.get("pp_compress.ops._triton_int_kernels")  # every kernel module imports its helpers
+    if loaded is not None and not triton_launch.interpreting(loaded.encode):
+        pytest.skip("the kernels were compiled for a device in this process; the interpreter cannot take them over",
+                    allow_module_level=True)
+    lang = sys.modules.get("triton.language")  # its library functions (tl.max, ...) are made when it is imported
+    assert lang is None or triton_launch.interpreting(lang.max), (
+        "triton was imported in this process without TRITON_INTERPRET=1 before the interpreter tests, so its library "
+        "functions cannot run under the interpreter: import it in a subprocess, or after these tests")
     before = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are defined, as their modules are imported
     try:
