@@ -9,7 +9,7 @@ when the family is not given): a setting measured worse is never a candidate. Se
 both rules put them at parity: a preset is validated for models of any family, they only for the ones measured.
 
 This module holds the pure parts (the spec, the candidates, the cost model) and the measurements that need only an
-exchange function and a clock: `measure_codec` and `measure_link`. Engines call them through the boundary policy.
+exchange function and a clock: `measure_codec` and `fastest_trips`. Engines call them through the boundary policy.
 """
 from __future__ import annotations
 
@@ -177,13 +177,16 @@ def relative_error(op: Compressor, x: Tensor, ctx: Context) -> float:
     return float((ref - op.decompress(op.compress(x, ctx), ctx).double()).norm() / ref.norm().clamp_min(1e-300))
 
 
-def measure_link(round_trip: Callable[[int], float], nbytes: int, reps: int = 5) -> Link:
-    """A link from timed round trips: `round_trip(n)` sends n bytes one way and one byte back and returns the
-    seconds it took. The latency is half a 1-byte round trip; the bandwidth comes from the extra time of n bytes.
-    Each is the fastest of `reps` trips: a process descheduled or a peer still busy only ever adds time, and on a
-    fast link one such trip among few would make it look slow."""
-    small = min(round_trip(1) for _ in range(reps))
-    big = min(round_trip(nbytes) for _ in range(reps))
+def fastest_trips(round_trip: Callable[[int], float], nbytes: int, reps: int = 5) -> tuple[float, float]:
+    """The fastest of `reps` timed round trips of 1 byte and of `nbytes`: `round_trip(n)` sends n bytes one way and
+    one byte back and returns the seconds it took. The fastest, because a process descheduled or a peer still busy
+    only ever adds time, and on a fast link one such trip among few would make it look slow."""
+    return min(round_trip(1) for _ in range(reps)), min(round_trip(nbytes) for _ in range(reps))
+
+
+def link_of(small: float, big: float, nbytes: int) -> Link:
+    """The link whose fastest round trips took `small` seconds for 1 byte and `big` for `nbytes`: the latency is half
+    the 1-byte trip; the bandwidth comes from the extra time of nbytes."""
     return Link(bandwidth=nbytes / max(big - small, 1e-9), latency=small / 2)
 
 
@@ -207,7 +210,12 @@ MIN_PROBE_S = 2e-3
 """A probe's extra time over a 1-byte round trip must reach this for its bandwidth to count (a fast link's is
 lost in the noise of a small probe), unless it is the whole message."""
 REPROBE_ROUNDS = 10
-"""A boundary's link is measured again at least every this many rounds (and when step times drift)."""
+"""A boundary's link and its candidates' codec times are measured again at least every this many rounds (the link
+also when step times drift)."""
+CONFIRM = 1.5
+"""A probe that finds the link more than this many times slower for the message than it was known to be (or the first
+probe of a link) is repeated at once, and the fastest trips of both count: on a host whose processes share cores, a
+whole probe can be slowed by something else, and a fast link taken for a slow one makes every message pay a codec."""
 DRIFT = 0.2
 """A change of the step time between two rounds' windows beyond this share re-measures every link of the stage."""
 HYSTERESIS = 0.05
@@ -226,8 +234,8 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
     direction times the candidates on the message it kept (`policy.samples`), picks with `choose` on its link, and
     tells the receiver; both switch at this step. The link is measured by round trips over the real link (`_probe`,
     through the adapter's p2p) only where it is not known yet, every REPROBE_ROUNDS rounds, or when this stage's step
-    time drifted by more than DRIFT since the last round (a link that changed); otherwise the sender's one message
-    carries its pick. Returns the log lines of the changes, on the sender."""
+    time drifted by more than DRIFT since the last round (a link that changed; the codec times are kept then);
+    otherwise the sender's one message carries its pick. Returns the log lines of the changes, on the sender."""
     assert policy.auto is not None
     candidates = policy.auto.candidates()
     drifted = _drifted(policy, step)
@@ -250,8 +258,8 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
                 continue
             x = policy.samples.pop((b, d), None)
             known = policy.links.get((b, d))
-            probe = x is not None and (known is None or drifted or
-                                       policy.rounds - policy.probed.get((b, d), 0) >= REPROBE_ROUNDS)
+            due = known is None or policy.rounds - policy.probed.get((b, d), 0) >= REPROBE_ROUNDS
+            probe = x is not None and (due or drifted)
             head[0] = -1 if x is None else 1 if probe else 0
             if x is not None and not probe:
                 name, line = _pick(policy, b, d, x, known, candidates, step, reps, measure=False)
@@ -260,9 +268,11 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
             if x is None:
                 continue
             if probe:
-                known = policy.links[b, d] = _probe(True, peer, x.numel() * x.element_size(), device, exchange, reps)
-                policy.probed[b, d] = policy.rounds
-                name, line = _pick(policy, b, d, x, known, candidates, step, reps, measure=True)
+                known = policy.links[b, d] = _probe(True, peer, x.numel() * x.element_size(), device, exchange, reps,
+                                                    known)
+                if due:
+                    policy.probed[b, d] = policy.rounds
+                name, line = _pick(policy, b, d, x, known, candidates, step, reps, measure=due)
                 head[1] = LADDER.index(name)
                 exchange([("send", peer, head[1:])])
             first = (b, d) not in policy.decisions
@@ -288,11 +298,13 @@ def _drifted(policy: "BoundaryPolicy", step: int) -> bool:
 
 
 def _probe(sending: bool, peer: int, nbytes: int, device: torch.device,
-           exchange: Callable[[list[tuple[str, int, Tensor]]], None], reps: int) -> Link | None:
+           exchange: Callable[[list[tuple[str, int, Tensor]]], None], reps: int, known: Link | None = None
+           ) -> Link | None:
     """The link to `peer`, measured on the sending side from round trips (the other side answers them: None). The
     probe starts at PROBE_BYTES and grows 16x, up to the message's size, until its extra time over a 1-byte round trip
-    is at least MIN_PROBE_S: small enough to be cheap on a slow link, large enough to be timed on a fast one. The
-    sender announces each size (0: done), so that both sides run the same exchanges."""
+    is at least MIN_PROBE_S: small enough to be cheap on a slow link, large enough to be timed on a fast one. Its last
+    size is measured again where the link is new or looks CONFIRM times slower for an `nbytes` message than `known`.
+    The sender announces each size (0: done), so that both sides run the same exchanges."""
     one = torch.zeros(1, dtype=torch.uint8, device=device)
     size = torch.zeros(1, dtype=torch.int64, device=device)
     if not sending:
@@ -309,17 +321,29 @@ def _probe(sending: bool, peer: int, nbytes: int, device: torch.device,
         buf = one if n == 1 else torch.zeros(n, dtype=torch.uint8, device=device)
         return elapsed(lambda: (exchange([("send", peer, buf)]), exchange([("recv", peer, one)])), device)
 
-    n = min(nbytes, PROBE_BYTES)
-    while True:
+    def fastest(n: int) -> tuple[float, float]:  # announced, so that the other side answers the same trips
         size[0] = n
         exchange([("send", peer, size)])
-        link = measure_link(round_trip, n, reps)
+        return fastest_trips(round_trip, n, reps)
+
+    n = min(nbytes, PROBE_BYTES)
+    while True:
+        small, big = fastest(n)
+        link = link_of(small, big, n)
         if n >= nbytes or n / link.bandwidth >= MIN_PROBE_S:
             break
         n = min(nbytes, n * 16)
+    if known is None or _message_s(link, nbytes) > CONFIRM * _message_s(known, nbytes):
+        again = fastest(n)
+        link = link_of(min(small, again[0]), min(big, again[1]), n)
     size[0] = 0
     exchange([("send", peer, size)])
     return link
+
+
+def _message_s(link: Link, nbytes: int) -> float:
+    """Seconds an nbytes message takes on `link`."""
+    return nbytes / link.bandwidth + link.latency
 
 
 def _pick(policy: "BoundaryPolicy", b: int, d: str, x: Tensor, link: Link, candidates: list[str], step: int,

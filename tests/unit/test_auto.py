@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import pp_compress as ppc
-from pp_compress.auto import AutoConfig, Cost, Link, candidate_op, candidate_ops, choose, describe, measure_codec, measure_link
+from pp_compress.auto import (AutoConfig, Cost, Link, candidate_op, candidate_ops, choose, describe, fastest_trips,
+                              link_of, measure_codec)
 
 MB = 1 << 20
 
@@ -73,7 +74,7 @@ def test_a_link_is_measured_from_round_trips():
         t0 = time.perf_counter()
         time.sleep(0.004 + n / 100e6)
         return time.perf_counter() - t0
-    link = measure_link(round_trip, 2 * MB, reps=3)
+    link = link_of(*fastest_trips(round_trip, 2 * MB, reps=3), 2 * MB)
     assert 60e6 < link.bandwidth < 140e6 and 0.0015 < link.latency < 0.004
     with pytest.raises(ValueError, match="a positive bandwidth"):
         Link(0.0, 1e-3)
@@ -82,7 +83,7 @@ def test_a_link_is_measured_from_round_trips():
 def test_a_trip_slowed_by_something_else_does_not_make_a_fast_link_look_slow():
     """One descheduled round trip of each size, among few: the link is still measured at its speed."""
     slow = iter([True, False, True, False])  # the first trip of each size waits 50 ms on something else
-    link = measure_link(lambda n: 1e-4 + n / 10e9 + (0.05 if next(slow) else 0.0), 2 * MB, reps=2)
+    link = link_of(*fastest_trips(lambda n: 1e-4 + n / 10e9 + (0.05 if next(slow) else 0.0), 2 * MB, reps=2), 2 * MB)
     assert link.bandwidth == pytest.approx(10e9, rel=1e-6) and link.latency == pytest.approx(5e-5)
 
 
@@ -114,6 +115,22 @@ class Wire:
     def elapsed(self, fn, device) -> float:
         fn()
         return 2 * self.latency + (self.sent.nbytes / self.rate if self.rate else 0.0)
+
+
+class BusyWire(Wire):
+    """A Wire on which the next `busy` timed round trips that carry more than a byte each take `by` seconds more: a
+    whole probe slowed by something else on the sender's cores."""
+
+    def __init__(self, rate: float | None, busy: int, by: float = 0.05) -> None:
+        super().__init__(rate)
+        self.busy, self.by = busy, by
+
+    def elapsed(self, fn, device) -> float:
+        t = super().elapsed(fn, device)
+        if self.sent.nbytes > 1 and self.busy > 0:
+            self.busy -= 1
+            return t + self.by
+        return t
 
 
 def policies(spec: str = "auto:every=1,min_numel=0"):
@@ -250,3 +267,41 @@ def test_a_known_link_is_not_probed_again_until_the_step_time_drifts():
     pols[1].decide(0, "act", "none")
     third = round_between(pols, wire, step=3)
     assert any("(link measured now)" in line for line in third[0])
+
+
+def drift(sender, step: int) -> None:
+    """Make the sender's next round see its step time drift: 100x the window before, after the warm-up's window."""
+    sender.rounds = max(sender.rounds, 2)
+    sender.window, sender.last_round = 1e-4, (time.perf_counter() - 0.01, step)
+
+
+def test_a_probe_slowed_by_something_else_is_measured_again_and_a_fast_link_stays_uncompressed():
+    x = torch.randn(8, 64, 576, generator=torch.Generator().manual_seed(3))
+    pols = policies()
+    remember(*pols, x)
+    wire = BusyWire(rate=100_000 * MB, busy=2)  # the first probe's large trips (reps=2) wait 50 ms each
+    lines = round_between(pols, wire)
+    assert pols[0].decisions == pols[1].decisions == {(0, "act"): "none", (0, "grad"): "none"}, lines
+    assert pols[0].links[0, "act"].bandwidth > 10_000 * MB  # the repeat's trips count
+    # once known, a probe that finds the link as fast is not repeated; one that finds it much slower is
+    drift(pols[0], step=1)  # measure the links again
+    remember(*pols, x, step=1)
+    wire.busy = 2
+    round_between(pols, wire, step=2)
+    assert pols[0].decisions[0, "act"] == "none" and wire.busy == 0 and pols[0].links[0, "act"].bandwidth > 10_000 * MB
+
+
+def test_a_link_that_really_slowed_is_confirmed_in_the_same_round_and_the_drift_keeps_the_codec_times():
+    x = torch.randn(8, 64, 576, generator=torch.Generator().manual_seed(4))
+    pols, wire = policies(), Wire(rate=100_000 * MB)
+    remember(*pols, x)
+    round_between(pols, wire)
+    assert pols[0].decisions[0, "act"] == "none"
+    costs = pols[0].costs[0, "act"]
+    wire.rate, wire.latency = 20 * MB, 1e-3  # the link slowed: the step time drifts, and the probe finds it twice
+    drift(pols[0], step=1)
+    remember(*pols, x, step=1)
+    lines = round_between(pols, wire, step=2)
+    assert pols[0].decisions == pols[1].decisions == {(0, "act"): "safe", (0, "grad"): "none"}, lines
+    assert "(link measured now)" in lines[0][0] and pols[0].links[0, "act"].bandwidth == pytest.approx(20 * MB, rel=1e-3)
+    assert pols[0].costs[0, "act"] is costs  # a drift re-measures the link, not the codecs
