@@ -69,6 +69,21 @@ def test_a_codec_is_measured_on_the_real_tensor():
     assert cost.wire_bytes == op.wire_nbytes(tuple(x.shape), x.dtype) and cost.encode_s > 0 and cost.decode_s > 0
 
 
+def test_the_guards_error_is_measured_on_spaced_rows_and_matches_the_whole_tensors():
+    from pp_compress.auto import GUARD_ELEMENTS, relative_error
+
+    x = torch.randn(8, 64, 576, generator=torch.Generator().manual_seed(5)) * torch.linspace(0.1, 10, 576)
+    op = ppc.build("int8:rot")
+    seen = []
+    real = op.compress
+    op.compress = lambda t, ctx: (seen.append(tuple(t.shape)), real(t, ctx))[1]
+    sampled = relative_error(op, x, ppc.Context())
+    assert seen == [(x.numel() // 576 // (x.numel() // GUARD_ELEMENTS), 576)]
+    ref = x.double()
+    whole = float((ref - op.decompress(real(x, ppc.Context()), ppc.Context()).double()).norm() / ref.norm())
+    assert sampled == pytest.approx(whole, rel=0.05)
+
+
 def test_a_link_is_measured_from_round_trips():
     def round_trip(n):  # a simulated 100 MB/s link with 2 ms each way
         t0 = time.perf_counter()
