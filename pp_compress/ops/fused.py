@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import contextlib
 import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -93,6 +96,23 @@ def stale_lock(name: str) -> Path | None:
     return lock if time.time() - lock.stat().st_mtime > STALE_LOCK_S else None
 
 
+@contextlib.contextmanager
+def environment_ninja() -> Iterator[None]:
+    """Within: the ninja installed beside this interpreter (pip's, a torch build dependency) comes first on PATH, if
+    there is one. torch's build runs whichever ninja PATH finds, and two ninja versions do not read each other's build
+    log: processes of one environment started with and without its bin/ on PATH (a venv's python run directly, or
+    through a launcher that prepends it) would rebuild the same build each time the other one had built it."""
+    here, path = Path(sys.executable).parent, os.environ.get("PATH", "")
+    if not (here / "ninja").exists() or path.split(os.pathsep)[0] == str(here):
+        yield
+        return
+    os.environ["PATH"] = f"{here}{os.pathsep}{path}"
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = path
+
+
 def _build(flags: list[str], ldflags: list[str]) -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load
@@ -102,8 +122,9 @@ def _build(flags: list[str], ldflags: list[str]) -> ModuleType | None:
             warnings.warn(f"pp_compress: {lock} is {(time.time() - lock.stat().st_mtime) / 60:.0f} min old; the build "
                           "waits until it is gone. If no process is building the kernels, a killed build left it: "
                           "delete it", RuntimeWarning, stacklevel=3)
-        return load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=flags, extra_ldflags=ldflags,
-                    verbose=bool(os.environ.get("PP_COMPRESS_BUILD_VERBOSE")))
+        with environment_ninja():
+            return load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=flags, extra_ldflags=ldflags,
+                        verbose=bool(os.environ.get("PP_COMPRESS_BUILD_VERBOSE")))
     except Exception as e:  # noqa: BLE001 - any build failure: say why, then the eager reference runs
         warnings.warn(f"pp_compress: the fused CPU kernels could not be built ({type(e).__name__}: {str(e)[:300]}); "
                       "the operators run their eager reference (same codes, slower); PP_COMPRESS_KERNELS=0 turns them "

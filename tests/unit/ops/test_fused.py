@@ -57,6 +57,20 @@ def test_an_old_build_lock_is_named_and_a_fresh_one_is_not(tmp_path, monkeypatch
     assert fused.stale_lock("pp_compress_fused_test") == lock
 
 
+def test_the_build_runs_the_ninja_beside_the_interpreter_whatever_path_says(tmp_path, monkeypatch):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "ninja").touch()
+    monkeypatch.setattr(sys, "executable", str(fake / "python"))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    with fused.environment_ninja():
+        assert os.environ["PATH"] == f"{fake}{os.pathsep}/usr/bin:/bin"
+    assert os.environ["PATH"] == "/usr/bin:/bin"
+    (fake / "ninja").unlink()  # none beside it: PATH as it is
+    with fused.environment_ninja():
+        assert os.environ["PATH"] == "/usr/bin:/bin"
+
+
 def test_builds_are_keyed_by_the_instruction_set_they_use():
     native, baseline = fused.build_name(fused.FLAGS["native"]), fused.build_name(fused.FLAGS["baseline"])
     assert native != baseline and native == fused.build_name(fused.FLAGS["native"])
