@@ -7,9 +7,10 @@ from tests.integration.launch import ROOT, run_job  # noqa: E402
 MINIMAL = ROOT / "recipes/minimal.py"
 
 
-def test_five_runs_in_a_row_each_exit_0():
-    """Finished runs tear the process group down and exit 0, every time (gloo could abort a rank at exit)."""
-    for i in range(5):
+def test_three_runs_in_a_row_each_exit_0():
+    """Finished runs tear the process group down and exit 0, every time (gloo could abort a rank at exit; every other
+    test of this file checks its own run's exit too)."""
+    for i in range(3):
         rc, log = run_job(MINIMAL, 2, "--pp-compress", "int8", "--steps", "2", launcher="deepspeed", timeout=120)
         assert rc == 0 and "terminate called" not in log, f"run {i}: rc {rc}\n{log[-3000:]}"
         assert "loss " in log and "b0.act" in log
