@@ -19,9 +19,9 @@ on CPU, groups of a multiple of 8 values.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-import contextlib
 import subprocess
 import sys
 import time
