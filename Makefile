@@ -39,10 +39,9 @@ models: $(STAMP)
 	$(VPY) -m pip install -q -c $(VENV)/constraints.txt gguf==0.19.0 accelerate==1.15.0  # transformers needs accelerate to read GGUF
 	$(VPY) recipes/convert.py
 
-# the environment's tools first (its ninja builds the fused kernels, as in the jobs the tests start); the 25
-# slowest tests at the end: CI must stay well under 30 minutes on 2 cores
+# the 25 slowest tests at the end: CI must stay well under 30 minutes on 2 cores
 test: $(STAMP)
-	PATH=$(abspath $(VENV))/bin:$$PATH $(VPY) -m pytest tests --durations=25
+	$(VPY) -m pytest tests --durations=25
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

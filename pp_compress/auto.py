@@ -343,17 +343,13 @@ def _probe(sending: bool, peer: int, nbytes: int, device: torch.device,
         if n >= nbytes or n / link.bandwidth >= MIN_PROBE_S:
             break
         n = min(nbytes, n * 16)
-    if known is None or _message_s(link, nbytes) > CONFIRM * _message_s(known, nbytes):
+    dense = Cost(0.0, 0.0, nbytes)  # the message sent as it is
+    if known is None or dense.expected(link) > CONFIRM * dense.expected(known):
         again = fastest(n)
         link = link_of(min(small, again[0]), min(big, again[1]), n)
     size[0] = 0
     exchange([("send", peer, size)])
     return link
-
-
-def _message_s(link: Link, nbytes: int) -> float:
-    """Seconds an nbytes message takes on `link`."""
-    return nbytes / link.bandwidth + link.latency
 
 
 def _pick(policy: "BoundaryPolicy", b: int, d: str, x: Tensor, link: Link, candidates: list[str], step: int,

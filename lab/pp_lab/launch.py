@@ -34,13 +34,12 @@ def start_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", 
     `kill_job` / `rank_pids`). Its output goes to `log` (a pipe by default, or an open file)."""
     tag = uuid.uuid4().hex  # launchers start ranks in sessions of their own: find them by this mark
     inherited = {k: v for k, v in os.environ.items() if k not in OWN_JOB}  # a job started from inside another one
-    # the environment's own tools first, whichever the launcher: the ninja that builds the fused kernels among them
-    # (a job under another ninja version rebuilds the same build, and the next job under the first rebuilds it again)
     env = {**inherited, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
-           "PATH": f"{Path(sys.executable).parent}:{inherited.get('PATH', '')}", JOB_MARK: tag, **(env or {})}
+           JOB_MARK: tag, **(env or {})}
     port = f"--master_port={free_port()}"
     if launcher == "deepspeed":  # the product card's launcher: `deepspeed --num_gpus N script.py ...`
         cmd = [str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", str(nproc), port, str(script), *args]
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", port, str(script), *args]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
