@@ -7,6 +7,8 @@ Weights are randomly initialised in SmolLM2-135M's sizes (a step costs the same 
 random, AdamW updates every parameter. Every spec trains its own copy of the model from the same initialisation;
 the specs take turns, one timed step each per round, so that a drift of the device's clocks spreads over all of them.
 Step times are CUDA events (device time of a whole step, forward, backward and optimizer), medians over the rounds.
+"Host ms" is the time the host takes to queue a step (until step() returns): where it is close to the step time, the
+step is bound by its host, and a boundary's host µs add to the step one for one.
 "Overhead" is a spec's median step time over the uncompressed one's, less one; its 95% interval is a bootstrap over
 the rounds, resampled in pairs (a round's step of the spec with the same round's uncompressed step), so that it
 says how far this run's noise leaves the figure open (scipy.stats.bootstrap, percentile). With `--sync-check`, one more step
@@ -19,6 +21,7 @@ import argparse
 import shlex
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -52,6 +55,15 @@ def stepper(model: GPT, boundaries: list, opt: torch.optim.Optimizer, ids: torch
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step
+
+
+def host_timed(step: Callable[[], None], host: list[float]) -> Callable[[], None]:
+    """step, appending to `host` the seconds until it returns (on an accelerator: the time to queue its work)."""
+    def run() -> None:
+        t0 = time.perf_counter()
+        step()
+        host.append(time.perf_counter() - t0)
+    return run
 
 
 def overhead(times: list[float], base: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
@@ -128,11 +140,11 @@ def main() -> None:
         step = stepper(model, boundaries, opt, ids)
         for _ in range(args.warmup):
             step()
-        runs[spec] = (step, boundaries, [])
+        runs[spec] = (step, boundaries, [], [])
     for r in range(args.rounds):
-        for spec, (step, _, times) in runs.items():
-            times.append(elapsed(step, device))
-        print(f"round {r + 1}/{args.rounds}: " + "  ".join(f"{s} {t[-1] * 1e3:.1f} ms" for s, (_, _, t) in runs.items()),
+        for spec, (step, _, times, host) in runs.items():
+            times.append(elapsed(host_timed(step, host), device))
+        print(f"round {r + 1}/{args.rounds}: " + "  ".join(f"{s} {t[-1] * 1e3:.1f} ms" for s, (_, _, t, _) in runs.items()),
               flush=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     lines = [f"Command: `python benchmarks/train_step.py {' '.join(map(shlex.quote, sys.argv[1:]))}`", "",
@@ -140,9 +152,9 @@ def main() -> None:
              f"{args.dtype}, batch {args.batch} x {args.seq} tokens, AdamW; boundaries after layers "
              f"{', '.join(map(str, CUTS))}; medians of {args.rounds} steps per spec, taken in turns, after "
              f"{args.warmup} warm-up steps.", "",
-             "| spec | step ms | overhead | 95% interval | act wire bytes / raw | host syncs in a step |",
-             "|---|---|---|---|---|---|"]
-    for spec, (step, boundaries, times) in runs.items():
+             "| spec | step ms | host ms | overhead | 95% interval | act wire bytes / raw | host syncs in a step |",
+             "|---|---|---|---|---|---|---|"]
+    for spec, (step, boundaries, times, host) in runs.items():
         t = statistics.median(times)
         point, low, high = overhead(times, runs["none"][2])
         syncs = sync_check(step) if args.sync_check and device.type == "cuda" else "not checked"
@@ -151,7 +163,7 @@ def main() -> None:
         raw = sum(b.stats["act"].raw_bytes for b in boundaries)
         ratio = f"{sum(b.stats['act'].wire_bytes for b in boundaries) / raw:.3f}" if raw else ""
         interval = "" if spec == "none" or low != low else f"{low:+.1%} .. {high:+.1%}"
-        lines.append(f"| `{spec}` | {t * 1e3:.2f} | {point:+.1%} | {interval} | {ratio} | {syncs} |")
+        lines.append(f"| `{spec}` | {t * 1e3:.2f} | {statistics.median(host) * 1e3:.2f} | {point:+.1%} | {interval} | {ratio} | {syncs} |")
         print(lines[-1], flush=True)
     for spec in args.profile:
         if spec not in runs:

@@ -12,6 +12,7 @@ def test_a_quick_run_writes_each_spec_against_none(tmp_path, monkeypatch):
     train_step.main()
     table = out.read_text()
     assert "| `none` |" in table and "| `int8` |" in table and "0.25" in table  # int8's wire bytes over raw
+    assert "| step ms | host ms |" in table
 
 
 def test_the_overhead_interval_comes_from_rounds_resampled_in_pairs():
