@@ -34,7 +34,7 @@ step() {  # step SECONDS COMMAND...: run it under a time limit, note a failure o
     [ $s -eq 0 ] || rc=1
 }
 parallel=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
-step 150 bash -c "python3 -m pytest -q -p no:cacheprovider $parallel --durations=10 tests/unit/ops/test_cuda.py \
+step 150 bash -c "set -o pipefail; python3 -m pytest -q -p no:cacheprovider $parallel --durations=10 tests/unit/ops/test_cuda.py \
     tests/unit/test_cuda.py 2>&1 | tee '$out/cuda_tests.log'"
 step 100 python3 benchmarks/ops.py --device cuda --spec bf16 --spec int8 --spec int8:kernel=eager --spec int8:rot \
     --spec int8:rot:kernel=eager --spec int4:rot --spec int3:stoch --spec nf6 --spec nf6:kernel=eager --spec vq:4 \
@@ -44,7 +44,7 @@ step 45 python3 benchmarks/vq_search.py --parts --spec vq:4 --spec vq:3 --shape 
     --out "$out/vq_search_cuda.md"
 specs="--spec bf16 --spec int8 --spec int8:rot --spec int4:rot --spec int3:stoch --spec nf6 --spec vq:4 --spec vq:3"
 for dtype in fp32 bf16; do
-    step 30 bash -c "python3 benchmarks/codec_profile.py --device cuda $specs --shape 8x1024x2048 --dtype $dtype \
+    step 30 bash -c "set -o pipefail; python3 benchmarks/codec_profile.py --device cuda $specs --shape 8x1024x2048 --dtype $dtype \
         --out '$out/codec_profile_cuda_$dtype.md' 2>&1 | grep -v '^USDT\|UserWarning\|_warn_once'"
 done
 step 35 python3 benchmarks/host_overhead.py --device cuda --spec identity --spec int8 --spec int8:rot --spec nf6 \

@@ -45,8 +45,7 @@ def test_boundary_trains_on_cuda(cfg):
     assert all(t.is_cuda for t in state_tensors(b.state_dict()["_extra_state"]))
 
 
-@pytest.mark.parametrize("cfg", ["safe", pytest.param("aggressive", marks=pytest.mark.xfail(
-    strict=True, reason="vq's pruned search: one host synchronization per vq message (issue 43, open)"))])
+@pytest.mark.parametrize("cfg", ["safe", "aggressive"])
 def test_boundary_steps_never_wait_for_the_device_and_still_report_non_finite_input(cfg):
     """Steady-state training steps through a boundary make no host synchronization (sync debug mode 'error' raises at
     any); a NaN sent through it is reported by a later poll, or by check()."""
