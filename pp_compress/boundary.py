@@ -24,11 +24,11 @@ def _roundtrip(op: Compressor | None, x: Tensor, ctx: Context, stats: DirectionS
         if stats is not None:
             stats.record(x.numel() * x.element_size(), x.numel() * x.element_size())
         return x
-    span = stats.start(x.device) if stats is not None else None
+    span = stats.start(x.device, measure) if stats is not None else None  # on an accelerator, timed with the error
     payload = op.compress(x, ctx)
     if stats is not None:
         stats.stop(span, "compress")
-        span = stats.start(x.device)
+        span = stats.start(x.device, measure)
     y = op.decompress(payload, ctx)
     if stats is not None:
         stats.stop(span, "decompress")

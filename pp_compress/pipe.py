@@ -119,13 +119,14 @@ class StageCompression:
                 stats.record(raw, raw)
                 continue
             t = t.reshape(seen[i][0]) if i in seen else t
-            span = stats.start(t.device)
+            measure = self.policy.measures_error(where)
+            span = stats.start(t.device, measure)  # on an accelerator, the messages whose error is measured are timed
             payload = op.compress(t.detach(), ctx)
             buf = to_buffer(payload)
             stats.stop(span, "compress")
             stats.record(raw, buf.numel())
             stats.saturated = op.saturated  # cumulative per operator, and one operator per boundary and direction
-            if self.policy.measures_error(where):
+            if measure:
                 stats.record_error(t, op.estimate(payload, ctx))
             out.append((i, buf))
         self.policy.account(specs, ops, where, stats)
@@ -168,7 +169,7 @@ class StageCompression:
                 continue
             shape = seen[i][0] if i in seen else spec.shape
             stats = self._stats(where)
-            span = stats.start(buf.device)
+            span = stats.start(buf.device, self.policy.measures_error(where))
             layout = op.layout(shape, spec.dtype, ctx)
             out[i] = decode_received(op, from_buffer(buf, layout, torch.Size(shape), spec.dtype), ctx).reshape(spec.shape)
             stats.stop(span, "decompress")

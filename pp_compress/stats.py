@@ -17,7 +17,13 @@ class DirectionStats:
     raw_bytes: int = 0
     wire_bytes: int = 0
     compress_s: float = 0.0
+    """Seconds spent compressing the timed messages (`compress_timed` of them): every message on CPU; on an accelerator
+    those whose relative error is measured, since a pair of events per span costs the host more than a small message's
+    kernels."""
     decompress_s: float = 0.0
+    """Seconds spent decompressing the timed messages (`decompress_timed` of them), as compress_s."""
+    compress_timed: int = 0
+    decompress_timed: int = 0
     err_sq: float = 0.0
     ref_sq: float = 0.0
     saturated: int = 0
@@ -35,11 +41,13 @@ class DirectionStats:
     pending_times: list[tuple[str, Any, Any]] = field(default_factory=list)
     """Codec spans on an accelerator: (which, start event, end event), folded in once their end has passed."""
 
-    def start(self, device: torch.device) -> Any:
+    def start(self, device: torch.device, sampled: bool = True) -> Any:
         """The start of a codec span: the wall clock on CPU; on an accelerator an event on its stream (the host's
-        clock would time only the launches of asynchronous work)."""
+        clock would time only the launches of asynchronous work), or None unless `sampled` (the span is not timed)."""
         if device.type == "cpu":
             return time.perf_counter()
+        if not sampled:
+            return None
         event = torch.Event(device=device, enable_timing=True)
         event.record()
         return event
@@ -47,6 +55,9 @@ class DirectionStats:
     def stop(self, span: Any, which: str) -> None:
         """End a span started by `start` and add its time to compress_s or decompress_s (`which`): at once on CPU, on
         an accelerator once the device has passed the end (never waiting for it here)."""
+        if span is None:
+            return
+        setattr(self, f"{which}_timed", getattr(self, f"{which}_timed") + 1)
         if isinstance(span, float):
             setattr(self, f"{which}_s", getattr(self, f"{which}_s") + time.perf_counter() - span)
             return
@@ -120,6 +131,8 @@ class DirectionStats:
             "rel_error": round(self.rel_error, 6),
             "compress_s": round(self.compress_s, 6),
             "decompress_s": round(self.decompress_s, 6),
+            "compress_timed": self.compress_timed,
+            "decompress_timed": self.decompress_timed,
             "saturated": self.saturated,
             "compressed": self.compressed,
             "skipped": self.skipped,

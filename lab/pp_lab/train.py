@@ -520,8 +520,8 @@ def _merge(per_rank: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any
                 out[key] = dict(r)
                 continue
             m = out[key]
-            for f in ("calls", "raw_bytes", "wire_bytes", "compress_s", "decompress_s", "err_sq", "ref_sq", "saturated",
-                      "compressed", "skipped"):
+            for f in ("calls", "raw_bytes", "wire_bytes", "compress_s", "decompress_s", "compress_timed",
+                      "decompress_timed", "err_sq", "ref_sq", "saturated", "compressed", "skipped"):
                 m[f] += r[f]
             m["note"] = (m["note"] or r["note"]) if not m["compressed"] else ""
             m["ratio"] = round(m["raw_bytes"] / m["wire_bytes"], 4) if m["wire_bytes"] else 1.0

@@ -80,6 +80,7 @@ class Deferred:
         self._full: list[tuple[Tensor, int]] = []  # buffers filled up since the last send, with their used slots
         self._slot_errors: list[tuple[type[Exception], Callable[[], str]]] = []  # in slot order, buffer by buffer
         self._inflight: list[tuple[Tensor, Any, list[tuple[type[Exception], Callable[[], str]]]]] = []
+        self._spare: list[Tensor] = []  # pinned host buffers whose verdicts were read
 
     def expect(self, ok: Tensor, error: type[Exception], message: Callable[[], str]) -> None:
         """Record a verdict (a one-element bool tensor, True when fine) and the error to raise if it is False.
@@ -107,38 +108,50 @@ class Deferred:
         for host, event, errors in inflight:
             if event is not None:
                 event.synchronize()
-            self._raise_first(host, errors)
+            self._read(host, event, errors)
 
     def poll(self) -> None:
         """Start copying the recorded verdicts to the host, and raise the first failed one among those whose copy has
         arrived; never waits for the device."""
         self._send()
         while self._inflight and (self._inflight[0][1] is None or self._inflight[0][1].query()):
-            host, _, errors = self._inflight.pop(0)
-            self._raise_first(host, errors)
+            host, event, errors = self._inflight.pop(0)
+            self._read(host, event, errors)
 
     def _send(self) -> None:
         used = self._full + [(buf, n) for buf, n in self._free.values() if n]
-        parts = ([torch.stack(self._flags)] if self._flags else []) + [buf[:n].eq(0) for buf, n in used]
+        # (n,) int32 on the device of the checks, non-zero where a check failed: the slots as they are
+        parts = ([(~torch.stack(self._flags)).int()] if self._flags else []) + [buf[:n] for buf, n in used]
         if not parts:
             return
-        flags, errors = torch.cat(parts), self._errors + self._slot_errors  # (n,) bool, on the device of the checks
-        for buf, n in used:  # after the comparison, in stream order: the slots are free again
-            buf[:n].zero_()
+        failed, errors = parts[0] if len(parts) == 1 else torch.cat(parts), self._errors + self._slot_errors
         self._flags, self._errors, self._full, self._slot_errors = [], [], [], []
+        if failed.device.type == "cpu":
+            failed = failed.clone()  # the slots are zeroed below
+            self._inflight.append((failed, None, errors))
+        else:
+            host = self._host(failed.numel())
+            host.copy_(failed, non_blocking=True)
+            event = torch.Event(device=failed.device)
+            event.record()
+            self._inflight.append((host, event, errors))
+        for buf, n in used:  # after the copy, in stream order: the slots are free again
+            buf[:n].zero_()
         self._free = {device: (buf, 0) for device, (buf, _) in self._free.items()}
-        if flags.device.type == "cpu":
-            self._inflight.append((flags, None, errors))
-            return
-        host = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)  # (n,)
-        host.copy_(flags, non_blocking=True)
-        event = torch.Event(device=flags.device)
-        event.record()
-        self._inflight.append((host, event, errors))
 
-    @staticmethod
-    def _raise_first(host: Tensor, errors: list[tuple[type[Exception], Callable[[], str]]]) -> None:
-        bad = (~host).nonzero().flatten().tolist()  # a host tensor: no device synchronization
+    def _host(self, n: int) -> Tensor:
+        """(n,) int32 pinned host memory for a copy of verdicts: a buffer already read if one is large enough."""
+        for i, buf in enumerate(self._spare):
+            if buf.numel() >= n:
+                return self._spare.pop(i)[:n]
+        return torch.empty(max(n, self.SLOTS), dtype=torch.int32, pin_memory=True)[:n]
+
+    def _read(self, host: Tensor, event: Any, errors: list[tuple[type[Exception], Callable[[], str]]]) -> None:
+        """Raise the first failed verdict of a copy that has arrived; its pinned buffer (a copy from an accelerator,
+        `event` not None) is free for the next copy."""
+        bad = host.nonzero().flatten().tolist()  # a host tensor: no device synchronization
+        if event is not None:
+            self._spare.append(host._base if host._base is not None else host)
         if bad:
             error, message = errors[bad[0]]
             raise error(message())

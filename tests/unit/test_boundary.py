@@ -168,3 +168,15 @@ def test_codec_time_is_counted_per_direction():
     for d in ("act", "grad"):
         s = b.stats[d].as_dict()
         assert s["compress_s"] > 0 and s["decompress_s"] > 0 and not b.stats[d].pending_times
+        assert s["compress_timed"] == s["decompress_timed"] == s["calls"] == 1  # on CPU every message is timed
+
+
+def test_an_accelerator_times_only_the_sampled_messages():
+    from pp_compress.stats import DirectionStats
+
+    s = DirectionStats()
+    span = s.start(torch.device("cuda"), sampled=False)  # no event is made: nothing here touches a device
+    s.stop(span, "compress")
+    assert span is None and s.compress_timed == 0 and s.compress_s == 0.0
+    s.stop(s.start(torch.device("cpu"), sampled=False), "decompress")  # the CPU's clock costs nothing: always timed
+    assert s.decompress_timed == 1 and s.as_dict()["decompress_timed"] == 1
