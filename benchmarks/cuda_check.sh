@@ -17,7 +17,8 @@
 # Each step has its own time limit and writes its file as it finishes, so a run cut short keeps what it measured.
 # Needs torch and Triton (and pytest, hypothesis, scipy for the tests); DeepSpeed is not used. The device machine has no
 # editable install of this checkout, so the library and the lab are put on the path here; a folder named by
-# $EXTRA_PYTHONPATH (pytest-xdist, for example) goes on it too.
+# $EXTRA_PYTHONPATH goes on it too: with the device tool, `pip install --target .cache/devpkgs --no-deps pytest-xdist
+# execnet` here, carry .cache/devpkgs, and run `EXTRA_PYTHONPATH=$PWD/.cache/devpkgs bash benchmarks/cuda_check.sh`.
 set -o pipefail
 export PYTHONPATH="$PWD:$PWD/lab${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}${PYTHONPATH:+:$PYTHONPATH}"
 out=${1:-results/bench/cuda}
