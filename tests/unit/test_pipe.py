@@ -41,6 +41,8 @@ def test_integer_tensors_travel_first_and_untouched():
     y = b.recv(specs, 0, "act", step=0, micro_batch=0, training=True, recv_fn=recv, device=torch.device("cpu"))
     assert torch.equal(y[1], x[1]) and torch.equal(y[2], x[2]) and y[2].dtype == torch.bool
     assert (y[0] - x[0]).abs().max() < 0.05 and a.stats["b0.act"].wire_bytes < x[0].numel() * 4 + 2 * 8 + 4
+    # on CPU every message's codec time is counted: the sender's compress, the receiver's decompress
+    assert a.stats["b0.act"].compress_timed == 1 and b.stats["b0.act"].decompress_timed == 1
 
 
 @pytest.mark.parametrize("spec", ["act=topk:0.2+aqsgd,grad=int8+aqsgd", "topk:0.1+ef21"])
