@@ -108,6 +108,7 @@ class StageCompression:
             self._act_floats[where.boundary] = [(i, seen[i][0] if i in seen else s.shape) for i, s in enumerate(specs)
                                                 if s.dtype.is_floating_point]
         ids = sample_ids if sample_ids is not None else sample_ids_of(tensors)
+        measure = self.policy.measures_error(where)  # on an accelerator, these messages are the ones timed too
         out, ops = [], []
         for i in wire_order(specs):
             t = tensors[i]
@@ -119,8 +120,7 @@ class StageCompression:
                 stats.record(raw, raw)
                 continue
             t = t.reshape(seen[i][0]) if i in seen else t
-            measure = self.policy.measures_error(where)
-            span = stats.start(t.device, measure)  # on an accelerator, the messages whose error is measured are timed
+            span = stats.start(t.device, measure)
             payload = op.compress(t.detach(), ctx)
             buf = to_buffer(payload)
             stats.stop(span, "compress")
@@ -159,6 +159,7 @@ class StageCompression:
                sample_ids: Tensor | None = None, views: Views | None = None) -> list[Tensor]:
         """The tuple in `specs` order from the plain tensors and the received float buffers (`recv_buffers`)."""
         ids, seen = self._known(specs, plain, sample_ids, views)
+        timed = self.policy.measures_error(where)  # on an accelerator, the sender's sampled messages are timed here too
         out = [t.view(torch.bool) if t is not None and s.dtype == torch.bool and t.dtype == torch.uint8 else t
                for t, s in zip(plain, specs)]  # bool travels as its uint8 bytes
         for i, buf in buffers:
@@ -169,7 +170,7 @@ class StageCompression:
                 continue
             shape = seen[i][0] if i in seen else spec.shape
             stats = self._stats(where)
-            span = stats.start(buf.device, self.policy.measures_error(where))
+            span = stats.start(buf.device, timed)
             layout = op.layout(shape, spec.dtype, ctx)
             out[i] = decode_received(op, from_buffer(buf, layout, torch.Size(shape), spec.dtype), ctx).reshape(spec.shape)
             stats.stop(span, "decompress")

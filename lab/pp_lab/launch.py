@@ -34,7 +34,7 @@ def start_job(script: Path, nproc: int, *args: str, launcher: str = "torchrun", 
     `kill_job` / `rank_pids`). Its output goes to `log` (a pipe by default, or an open file)."""
     tag = uuid.uuid4().hex  # launchers start ranks in sessions of their own: find them by this mark
     inherited = {k: v for k, v in os.environ.items() if k not in OWN_JOB}  # a job started from inside another one
-    env = {**inherited, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+    env = {**inherited, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
            JOB_MARK: tag, **(env or {})}
     port = f"--master_port={free_port()}"
     if launcher == "deepspeed":  # the product card's launcher: `deepspeed --num_gpus N script.py ...`

@@ -244,7 +244,7 @@ def main() -> None:
     model = ["--model", args.model or "small"] if args.recipe == "pretrain" else []
     recipe = [*extra, "--stages", str(args.stages), *model, "--steps", str(args.steps), "--log-every", "1",
               "--eval-every", "0", "--eval-batches", "1", "--overwrite", *([] if args.tied else ["--untied"])]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     results: list[dict] = []
     timelines: dict[tuple[str, str], tuple[list[tuple[int, float]], list[str]]] = {}
     for ns, (name, rate, latency), lenv in shaped_links(args.stages, links, mode == "netns+tbf", env):

@@ -116,7 +116,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     checkpoint = args.checkpoint if args.keep_blocks is None else first_blocks(args.checkpoint, args.keep_blocks, args.work)
     texts, lens = prompts(checkpoint, args.corpus, max(batches), args.prompt_tokens)
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "PPC_BENCH_P2P": "torch"}
     results: list[dict] = []
     for stages in stage_counts:
