@@ -7,24 +7,15 @@ from tests.integration.launch import ROOT, run_job  # noqa: E402
 MINIMAL = ROOT / "recipes/minimal.py"
 
 
-def test_three_runs_in_a_row_each_exit_0():
-    """Finished runs tear the process group down and exit 0, every time (gloo could abort a rank at exit; every other
-    test of this file checks its own run's exit too)."""
-    for i in range(3):
-        rc, log = run_job(MINIMAL, 2, "--pp-compress", "int8", "--steps", "2", launcher="deepspeed", timeout=120)
-        assert rc == 0 and "terminate called" not in log, f"run {i}: rc {rc}\n{log[-3000:]}"
-        assert "loss " in log and "b0.act" in log
-
-
 def test_a_small_hidden_size_warns_that_nothing_was_compressed():
     rc, log = run_job(MINIMAL, 2, "--pp-compress", "act=int8,grad=topk:0.1+ef", "--hidden", "64", "--steps", "3",
                       launcher="deepspeed", timeout=120)
-    assert rc == 0, log[-3000:]
+    assert rc == 0 and "terminate called" not in log, log[-3000:]
     assert log.count("none was compressed") == 2  # once per boundary and direction, on its sender
     assert "512 elements" in log and "skipped (below min_numel)" in log
     rc, log = run_job(MINIMAL, 2, "--pp-compress", "act=int8,grad=topk:0.1+ef", "--hidden", "256", "--steps", "3",
                       launcher="deepspeed", timeout=120)
-    assert rc == 0 and "none was compressed" not in log and "3.97" in log
+    assert rc == 0 and "terminate called" not in log and "none was compressed" not in log and "3.97" in log
 
 
 def test_a_bad_spec_stops_the_job_with_one_message_and_no_traceback(tmp_path):
@@ -45,5 +36,6 @@ def test_a_finished_run_leaves_no_shared_memory_behind(monkeypatch):
     port = launch.free_port()
     monkeypatch.setattr(launch, "free_port", lambda: port)
     rc, log = run_job(MINIMAL, 2, "--pp-compress", "int8", "--steps", "2", launcher="deepspeed", timeout=120)
-    assert rc == 0, log[-3000:]
+    assert rc == 0 and "terminate called" not in log, log[-3000:]  # the process group torn down cleanly at exit
+    assert "loss " in log and "b0.act" in log
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
