@@ -11,6 +11,7 @@ from typing import Any
 from torch import Tensor
 
 from .auto import LADDER, AutoConfig, candidate_op
+from .decide import Trial
 from .config import CompressionConfig
 from .ops.base import FLOAT_DTYPES, Compressor, Context, TensorSpec
 from .stats import DirectionStats
@@ -73,10 +74,16 @@ class BoundaryPolicy:
         direction (again with the link, or for a new shape)."""
         self.rounds = 0
         """auto: decision rounds run so far in this process."""
-        self.last_round: tuple[float, int] | None = None
-        """auto: (host clock, step) at the end of the last round: the window the next round's drift check times."""
+        self.tick: float | None = None
+        """auto: the host clock when this stage's current step began (after its round, if it had one)."""
+        self.durations: list[float] = []
+        """auto: this stage's step times since the last round (decide.begin_step), rounds excluded."""
         self.window: float | None = None
-        """auto: seconds per step in the window before the last round."""
+        """auto: the median step time of the window before the last round."""
+        self.trials: dict[tuple[int, str], Any] = {}
+        """auto, on the sending side: the close call being tried per boundary and direction (decide.Trial)."""
+        self.settled: dict[tuple[int, str], tuple[str, int]] = {}
+        """auto, on the sending side: (what the last trial kept, the round it was settled in)."""
 
     def op(self, boundary: int, direction: str, training: bool) -> Compressor | None:
         """The operator of one boundary and direction (None for identity), built on first use."""
@@ -182,7 +189,10 @@ class BoundaryPolicy:
             return {"config": str(self.cfg), "ops": ops,
                     "auto": {f"{b}.{d}": name for (b, d), name in sorted(self.decisions.items())},
                     "auto_validated": {f"{b}.{d}.{n}": v for (b, d, n), v in sorted(self.validated.items())},
-                    "auto_barred": sorted(f"{b}.{d}.{n}" for b, d, n in self.barred)}
+                    "auto_barred": sorted(f"{b}.{d}.{n}" for b, d, n in self.barred),
+                    "auto_settled": {f"{b}.{d}": name for (b, d), (name, _) in sorted(self.settled.items())},
+                    "auto_trials": {f"{b}.{d}": [t.incumbent, t.challenger, t.before]
+                                    for (b, d), t in sorted(self.trials.items())}}
         return {"config": str(self.cfg),
                 "ops": {f"{b}.{d}": op.state_dict() for (b, d, tr), op in self._ops.items() if op is not None and tr}}
 
@@ -199,6 +209,12 @@ class BoundaryPolicy:
         for key in state.get("auto_barred", []):
             b, d, n = key.split(".")
             self.barred.add((int(b), d, n))
+        for key, name in state.get("auto_settled", {}).items():  # rounds count from 0 again in this process
+            b, d = key.split(".")
+            self.settled[int(b), d] = (name, 0)
+        for key, (incumbent, challenger, before) in state.get("auto_trials", {}).items():
+            b, d = key.split(".")
+            self.trials[int(b), d] = Trial(incumbent, challenger, float(before))
         for key, sub in state["ops"].items():
             b, d = key.split(".")
             op = self.op(int(b), d, True)

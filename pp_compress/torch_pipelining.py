@@ -23,13 +23,13 @@ import sys
 from typing import Any
 
 import torch
-from torch import Tensor, nn
 import torch.distributed as dist
+from torch import Tensor, nn
 from torch.distributed import P2POp, batch_isend_irecv, irecv, isend
 from torch.distributed.pipelining import PipelineStage
 
-from .auto import decide_round
 from .config import CompressionConfig
+from .decide import begin_step
 from .ops.base import TensorSpec
 from .pipe import StageCompression
 from .policy import Where
@@ -80,10 +80,9 @@ class CompressedPipelineStage(PipelineStage):
         super().clear_runtime_states()
         self.pp_compress_step += 1
         self._pending.clear()
-        if self.pp_compress.policy.auto_due(self.pp_compress_step):  # every stage clears before the same step
-            for line in decide_round(self.pp_compress.policy, self.stage_index, self.num_stages, self.device,
-                                     self._exchange, self.pp_compress_step):
-                print(f"[rank {dist.get_rank()}] {line}", file=sys.stderr, flush=True)
+        for line in begin_step(self.pp_compress.policy, self.stage_index, self.num_stages, self.device,  # every stage
+                               self._exchange, self.pp_compress_step):
+            print(f"[rank {dist.get_rank()}] {line}", file=sys.stderr, flush=True)
 
     def pp_compress_check(self) -> None:
         """Raise the first failed non-finite check of the messages so far (on an accelerator they are read here, not

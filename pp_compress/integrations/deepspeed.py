@@ -39,7 +39,7 @@ except ModuleNotFoundError:  # DeepSpeed before 0.19.7 has no DualPipeV schedule
     DualPipeVEngine = DualPipeVModule = None
 
 from .. import runtime
-from ..auto import decide_round
+from ..decide import begin_step
 from ..config import CompressionConfig
 from ..ops.base import TensorSpec
 from ..pipe import StageCompression, View, sample_ids_of
@@ -119,10 +119,9 @@ class _Compressed:
     def train_batch(self, data_iter: Any = None) -> Any:
         if not getattr(self, "_pp_checked", False):
             self.pp_compress_self_check()
-        if self.pp_compress.policy.auto_due(self.global_steps):  # every stage asks before the same step
-            for line in decide_round(self.pp_compress.policy, self.stage_id, self.num_stages, self.device,
-                                     self.pp_compress_exchange, self.global_steps):
-                print(f"[rank {self.global_rank}] {line}", file=sys.stderr, flush=True)  # on the sender's rank
+        for line in begin_step(self.pp_compress.policy, self.stage_id, self.num_stages, self.device,  # every stage
+                               self.pp_compress_exchange, self.global_steps):
+            print(f"[rank {self.global_rank}] {line}", file=sys.stderr, flush=True)  # on the sender's rank
         loss = super().train_batch(data_iter)
         self.pp_compress.raise_pending()  # the step's non-finite verdicts left on the device, read once
         every = self.steps_per_print()

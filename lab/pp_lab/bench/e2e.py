@@ -291,7 +291,7 @@ def median_run(runs: list[tuple[dict, list[dict], str]]) -> tuple[dict, list[dic
 
 
 AUTO_LINE = re.compile(r"step \d+: pp_compress auto: boundary \d+ \w+: [^\n]*")
-"""auto's log line of a decision at a step (pp_compress.auto.decide_round)."""
+"""auto's log line of a decision at a step (pp_compress.decide.decide_round)."""
 
 
 def timeline(timelines: dict[tuple[str, str], tuple[list[tuple[int, float]], list[str]]]) -> list[str]:
