@@ -259,6 +259,7 @@ def main() -> None:
                 rc, log = run_throttled(ns, args.stages, ROOT / "recipes" / f"{args.recipe}.py", rargs, lenv, 3600)
                 if rc != 0:
                     raise SystemExit(f"link {name}, spec {spec}: exit {rc}\n{log[-4000:]}")
+                (out / "job.log").write_text(log)  # every run's log (the table keeps only the median run's decisions)
                 rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
                 a = json.loads((out / "run.json").read_text())["args"]
                 r = {"mode": mode, "link": name, "rate_mbit": rate, "latency_ms": latency, "spec": spec,
