@@ -76,11 +76,11 @@ class Trial:
 def close_call(link: Link, raw_bytes: int, costs: dict[str, Cost]) -> str | None:
     """The fastest compressing candidate when it and sending dense are a close call (TRIAL_SPAN), else None."""
     dense = Cost(0.0, 0.0, raw_bytes).expected(link)
-    fastest = min((cost.expected(link), name) for name, cost in costs.items() if name != "none") if \
-        set(costs) - {"none"} else None
-    if fastest is None or not dense * (1 - HYSTERESIS) <= fastest[0] <= dense * (1 + TRIAL_SPAN):
+    expected = {name: cost.expected(link) for name, cost in costs.items() if name != "none"}
+    fastest = min(expected, key=expected.__getitem__, default=None)
+    if fastest is None or not dense * (1 - HYSTERESIS) <= expected[fastest] <= dense * (1 + TRIAL_SPAN):
         return None
-    return fastest[1]
+    return fastest
 
 
 def settle(trial: Trial, window: float) -> str:
@@ -100,7 +100,6 @@ def begin_step(policy: "BoundaryPolicy", stage: int, stages: int, device: torch.
     lines = decide_round(policy, stage, stages, device, exchange, step) if policy.auto_due(step) else []
     policy.tick = time.perf_counter()
     return lines
-
 
 
 def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torch.device, exchange: Exchange,
