@@ -80,7 +80,7 @@ class BoundaryPolicy:
         """auto: this stage's step times since the last round (decide.begin_step), rounds excluded."""
         self.window: float | None = None
         """auto: the median step time of the window before the last round."""
-        self.trials: dict[tuple[int, str], Any] = {}
+        self.trials: dict[tuple[int, str], Trial] = {}
         """auto, on the sending side: the close call being tried per boundary and direction (decide.Trial)."""
         self.settled: dict[tuple[int, str], tuple[str, int]] = {}
         """auto, on the sending side: (what the last trial kept, the round it was settled in)."""
@@ -211,12 +211,19 @@ class BoundaryPolicy:
             self.barred.add((int(b), d, n))
         for key, name in state.get("auto_settled", {}).items():  # rounds count from 0 again in this process
             b, d = key.split(".")
-            self.settled[int(b), d] = (name, 0)
+            self.settled[int(b), d] = (_candidate(name), 0)
         for key, (incumbent, challenger, before) in state.get("auto_trials", {}).items():
             b, d = key.split(".")
-            self.trials[int(b), d] = Trial(incumbent, challenger, float(before))
+            self.trials[int(b), d] = Trial(_candidate(incumbent), _candidate(challenger), float(before))
         for key, sub in state["ops"].items():
             b, d = key.split(".")
             op = self.op(int(b), d, True)
             if op is not None:
                 op.load_state_dict(sub)
+
+
+def _candidate(name: str) -> str:
+    """`name` if it is one of auto's candidates (a checkpoint's state is input like any other), else a ValueError."""
+    if name not in LADDER:
+        raise ValueError(f"auto candidate {name!r} in the checkpoint's state; accepted: {', '.join(LADDER)}")
+    return name

@@ -316,3 +316,7 @@ def test_a_trial_and_its_outcome_survive_a_checkpoint():
     resumed.load_state_dict(sender.state_dict())
     assert resumed.trials == sender.trials and resumed.settled == {(0, "grad"): ("safe", 0)}
     assert resumed.decisions == {(0, "act"): "safe"}
+    state = sender.state_dict()
+    state["auto_trials"]["0.act"][1] = "int4"
+    with pytest.raises(ValueError, match="auto candidate 'int4' in the checkpoint's state; accepted: none, int8"):
+        BoundaryPolicy(sender.cfg).load_state_dict(state)
