@@ -224,10 +224,14 @@ def main() -> None:
                     help="run each link's specs this many times in turns; a row is the run of the median step time")
     ap.add_argument("--tied", action="store_true", help="tied embeddings (adds the embedding-gradient all-reduce to the links)")
     ap.add_argument("--emulate", action="store_true", help="in-process link emulation even where namespaces work")
+    ap.add_argument("--skip", type=int, default=2, help="first steps left out of the mean step time (e.g. --skip 40: "
+                    "after auto's first rounds and trials, with the default auto:every=20)")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "e2e")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench" / "e2e")
     ap.add_argument("recipe_args", nargs=argparse.REMAINDER, help="after --: more options of the recipe (e.g. --corpus fixture)")
     args = ap.parse_args()
+    if not 0 <= args.skip < args.steps:
+        raise SystemExit(f"--skip {args.skip}: accepted 0..{args.steps - 1} (the run has --steps {args.steps})")
     extra = args.recipe_args[1:] if args.recipe_args[:1] == ["--"] else args.recipe_args
     if args.recipe == "finetune" and args.model:
         raise SystemExit(f"--model {args.model}: the finetune recipe's model is its checkpoint (--checkpoint after --)")
@@ -263,7 +267,7 @@ def main() -> None:
                 rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
                 a = json.loads((out / "run.json").read_text())["args"]
                 r = {"mode": mode, "link": name, "rate_mbit": rate, "latency_ms": latency, "spec": spec,
-                     **measure(rows, out), "batch": f"micro-batch {a['micro_batch']} x seq {a['seq_len']}, "
+                     **measure(rows, out, args.skip), "batch": f"micro-batch {a['micro_batch']} x seq {a['seq_len']}, "
                                                     f"{a['grad_accum']} micro-batches per step"}
                 runs[spec].append((r, rows, log))
                 print(f"{name:>8s} {spec:24s} step {r['step_s']:.3f} s  {r['tokens_per_s']:7.0f} tok/s  wire "
@@ -328,7 +332,7 @@ def write(results: list[dict], args: argparse.Namespace, mode: str,
     command = shlex.join(["python", "benchmarks/e2e.py", *sys.argv[1:]])
     model = RECIPES[args.recipe].format(model=args.model or "small")
     lines = [f"Command: `{command}`", "", f"{model}, {args.stages} stages, {results[0]['batch']}, fp32, "
-             f"CPU/gloo, {args.steps} steps per run (mean of steps 3..{args.steps}); links: {how}."
+             f"CPU/gloo, {args.steps} steps per run (mean of steps {args.skip + 1}..{args.steps}); links: {how}."
              + (" Tied embeddings: the links also carry the embedding-gradient all-reduce between the first and last "
                 "stage each step (not counted in wire MB)." if args.tied else " Untied embeddings: the links carry pipeline "
                 "traffic only.") + (f" Recipe options: `{' '.join(args.recipe_args)}`." if args.recipe_args else ""), "",

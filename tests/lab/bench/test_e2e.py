@@ -68,15 +68,19 @@ def test_compressed_run_over_a_rate_limited_link(tmp_path):
     assert float(rows[1]["speedup"]) > 0 and out.with_suffix(".png").exists()
     md = out.with_suffix(".md").read_text()
     assert "Untied embeddings: the links carry pipeline traffic only" in md
-    assert "`tiny` GPT, 2 stages, micro-batch 2 x seq 32, 4 micro-batches per step" in md
+    assert "`tiny` GPT, 2 stages, micro-batch 2 x seq 32, 4 micro-batches per step" in md and "(mean of steps 3..3)" in md
+    assert (tmp_path / "runs" / "25mbit_int8" / "job.log").read_text().count("loss") > 0  # every run's log is kept
     assert json.loads((tmp_path / "runs" / "25mbit_none" / "run.json").read_text())["model"]["tie_embeddings"] is False
     assert not [ns for ns in namespaces() - before if ns.startswith("ppcb")]  # this run's namespaces torn down
 
 
-def test_the_finetune_recipe_takes_no_model_preset(tmp_path):
+def test_bad_options_stop_before_any_run(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/e2e.py"), "--recipe", "finetune", "--model", "tiny",
                         "--work", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "--model tiny: the finetune recipe's model is its checkpoint" in r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/e2e.py"), "--steps", "40", "--skip", "40",
+                        "--work", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--skip 40: accepted 0..39 (the run has --steps 40)" in r.stderr
 
 
 PAIR = '''
