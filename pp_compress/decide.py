@@ -6,7 +6,7 @@ bytes also cost while the stages compute: a host's copies into and out of the tr
 a device's memory traffic. So a close call, where sending dense is expected to be faster than the fastest compressing
 candidate but by less than the dense message's own time, is settled by a trial: the other side of the call runs for
 one window of steps, and it is kept only if the stage's median step time fell by TRIAL_GAIN or more against the window
-before. The outcome stands for REPROBE_ROUNDS rounds (as long as a link stays unmeasured), then the call is tried again.
+before. The outcome stands for REPROBE_ROUNDS rounds, then the call is tried again.
 
 The engine adapters call `begin_step` at the start of every training step: it times the step that ended (the rounds
 themselves excluded) and runs a round where one is due.
