@@ -125,8 +125,7 @@ class BoundaryPolicy:
     def decide(self, boundary: int, direction: str, name: str) -> bool:
         """Run candidate `name` from now on; True when that is a change. A candidate switched to starts with fresh
         state (its error feedback, if any, belongs to the messages it sent, not to those another candidate sent)."""
-        if name not in LADDER:
-            raise ValueError(f"auto decision {name!r}; accepted: {', '.join(LADDER)}")
+        _candidate(name, "auto decision {!r}")
         old = self.decisions.get((boundary, direction), "none")
         self.decisions[boundary, direction] = name
         if name == old:
@@ -211,10 +210,11 @@ class BoundaryPolicy:
             self.barred.add((int(b), d, n))
         for key, name in state.get("auto_settled", {}).items():  # rounds count from 0 again in this process
             b, d = key.split(".")
-            self.settled[int(b), d] = (_candidate(name), 0)
+            self.settled[int(b), d] = (_candidate(name, _FROM_STATE), 0)
         for key, (incumbent, challenger, before) in state.get("auto_trials", {}).items():
             b, d = key.split(".")
-            self.trials[int(b), d] = Trial(_candidate(incumbent), _candidate(challenger), float(before))
+            self.trials[int(b), d] = Trial(_candidate(incumbent, _FROM_STATE), _candidate(challenger, _FROM_STATE),
+                                           float(before))
         for key, sub in state["ops"].items():
             b, d = key.split(".")
             op = self.op(int(b), d, True)
@@ -222,8 +222,12 @@ class BoundaryPolicy:
                 op.load_state_dict(sub)
 
 
-def _candidate(name: str) -> str:
-    """`name` if it is one of auto's candidates (a checkpoint's state is input like any other), else a ValueError."""
+_FROM_STATE = "auto candidate {!r} in the checkpoint's state"
+
+
+def _candidate(name: str, what: str) -> str:
+    """`name` if it is one of auto's candidates, else a ValueError that says what it was (`what`, formatted with the
+    name): a decision, or a name read from a checkpoint's state, which is input like any other."""
     if name not in LADDER:
-        raise ValueError(f"auto candidate {name!r} in the checkpoint's state; accepted: {', '.join(LADDER)}")
+        raise ValueError(f"{what.format(name)}; accepted: {', '.join(LADDER)}")
     return name
