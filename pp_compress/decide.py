@@ -4,9 +4,11 @@ the sender of each boundary and direction picks (auto.choose), and tells the rec
 The cost model prices a message at its codec time plus the link's time for its bytes. What it cannot see is what the
 bytes also cost while the stages compute: a host's copies into and out of the transport, cores that the stages share,
 a device's memory traffic. So a close call, where sending dense is expected to be faster than the fastest compressing
-candidate but by less than the dense message's own time, is settled by a trial: the other side of the call runs for
-one window of steps, and it is kept only if the stage's median step time fell by TRIAL_GAIN or more against the window
-before. The outcome stands for REPROBE_ROUNDS rounds, then the call is tried again.
+candidate but by less than the dense message's own time, is settled by a trial: for one window of steps the two sides
+of the call run on alternate steps (both stages of the boundary switch in step), and the challenger is kept only if
+the stage's median step time under it is TRIAL_GAIN or more below the incumbent's. Alternate steps share the window's
+drift (another job on the host, the data), which two windows one after the other do not. The outcome stands for
+REPROBE_ROUNDS rounds, then the call is tried again.
 
 The engine adapters call `begin_step` at the start of every training step: it times the step that ended (the rounds
 themselves excluded) and runs a round where one is due.
@@ -58,19 +60,19 @@ holds for these tensors."""
 TRIAL_SPAN = 1.0
 """A close call: sending dense is expected to be faster than the fastest compressing candidate (or slower by less than
 HYSTERESIS), but by at most this many times the dense message's expected time. Such a call is tried (see above)."""
-TRIAL_GAIN = 0.02
-"""A trial's challenger is kept only if the stage's median step time under it is this share or more below the
-incumbent's window: the windows are noisy, and keeping what ran is the cheaper mistake."""
+TRIAL_GAIN = 0.01
+"""A trial's challenger is kept only if the stage's median step time on its steps is this share or more below the
+median on the incumbent's steps: a small lean to what ran before, since a switch restarts the candidate's state."""
 
 
 @dataclass(frozen=True)
 class Trial:
-    """A close call being tried: `challenger` runs for one window of steps in place of `incumbent`, whose window took a
-    median `before` seconds per step."""
+    """A close call being tried for one window of steps from `start`: `challenger` runs on the steps an even number
+    after it, `incumbent` on the others."""
 
     incumbent: str
     challenger: str
-    before: float
+    start: int
 
 
 def close_call(link: Link, raw_bytes: int, costs: dict[str, Cost]) -> str | None:
@@ -83,9 +85,18 @@ def close_call(link: Link, raw_bytes: int, costs: dict[str, Cost]) -> str | None
     return fastest
 
 
-def settle(trial: Trial, window: float) -> str:
-    """What a trial keeps, given the median step time of its window."""
-    return trial.challenger if window < trial.before * (1 - TRIAL_GAIN) else trial.incumbent
+def settle(trial: Trial, steps: list[tuple[int, float]]) -> tuple[str, float, float] | None:
+    """What a trial keeps, from the (step, seconds) of the stage's steps since it began: (the kept candidate, the
+    median step time under the challenger, under the incumbent). None while either has no step timed (a run resumed
+    from a checkpoint just before the round)."""
+    ran: tuple[list[float], list[float]] = ([], [])
+    for step, seconds in steps:
+        if step >= trial.start:
+            ran[(step - trial.start) % 2].append(seconds)
+    if not ran[0] or not ran[1]:
+        return None
+    challenger, incumbent = statistics.median(ran[0]), statistics.median(ran[1])
+    return (trial.challenger if challenger < incumbent * (1 - TRIAL_GAIN) else trial.incumbent), challenger, incumbent
 
 
 def begin_step(policy: "BoundaryPolicy", stage: int, stages: int, device: torch.device, exchange: Exchange,
@@ -96,7 +107,7 @@ def begin_step(policy: "BoundaryPolicy", stage: int, stages: int, device: torch.
         return []
     now = time.perf_counter()
     if policy.tick is not None:
-        policy.durations.append(now - policy.tick)
+        policy.durations.append((step - 1, now - policy.tick))
     lines = decide_round(policy, stage, stages, device, exchange, step) if policy.auto_due(step) else []
     policy.tick = time.perf_counter()
     return lines
@@ -122,8 +133,9 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
         for d in ("act", "grad"):
             sender = b if d == "act" else b + 1
             peer = b + 1 if stage == b else b
-            # [what follows, pick]: -1 nothing (no sample), 0 the pick is in this message, 1 a probe, then the pick
-            head = torch.zeros(2, dtype=torch.int64, device=device)
+            # [what follows, pick, the trial's incumbent]: what follows is -1 nothing (no sample), 0 the rest of this
+            # message, 1 a probe, then the rest; the incumbent is -1 where no trial runs
+            head = torch.full((3,), -1, dtype=torch.int64, device=device)
             if stage != sender:
                 exchange([("recv", peer, head)])
                 if int(head[0]) == 1:
@@ -131,6 +143,7 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
                     exchange([("recv", peer, head[1:])])
                 if int(head[0]) >= 0:
                     policy.decide(b, d, LADDER[int(head[1])])
+                    policy.alternate_with(b, d, LADDER[int(head[2])] if int(head[2]) >= 0 else None, step)
                 continue
             x = policy.samples.pop((b, d), None)
             known = policy.links.get((b, d))
@@ -139,7 +152,7 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
             head[0] = -1 if x is None else 1 if probe else 0
             if x is not None and not probe:
                 name, line, noted = _pick(policy, b, d, x, known, candidates, step, reps, measure=False)
-                head[1] = LADDER.index(name)
+                head[1:] = torch.tensor(_told(policy, b, d, name))
             exchange([("send", peer, head)])
             if x is None:
                 continue
@@ -149,8 +162,10 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
                 if due:
                     policy.probed[b, d] = policy.rounds
                 name, line, noted = _pick(policy, b, d, x, known, candidates, step, reps, measure=due)
-                head[1] = LADDER.index(name)
+                head[1:] = torch.tensor(_told(policy, b, d, name))
                 exchange([("send", peer, head[1:])])
+            trial = policy.trials.get((b, d))
+            policy.alternate_with(b, d, trial.incumbent if trial else None, step)
             first = (b, d) not in policy.decisions
             if policy.decide(b, d, name) or first or noted:
                 lines.append(f"step {step}: {line}" + (" (link measured now)" if probe else ""))
@@ -158,12 +173,20 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
     return lines
 
 
+def _told(policy: "BoundaryPolicy", b: int, d: str, name: str) -> list[int]:
+    """The sender's pick and its trial's incumbent (-1: no trial), as the receiver reads them off the head."""
+    trial = policy.trials.get((b, d))
+    return [LADDER.index(name), LADDER.index(trial.incumbent) if trial else -1]
+
+
 def _drifted(policy: "BoundaryPolicy") -> bool:
-    """Closes this stage's window of step times: its median becomes `policy.window`. True when it differs by more
-    than DRIFT from the window before. The window before the first round (the engine's warm-up) is dropped."""
-    if not policy.durations:
+    """Closes this stage's window of step times: they become `policy.window_steps` and their median `policy.window`.
+    True when the median differs by more than DRIFT from the window before. The window before the first round (the
+    engine's warm-up) is dropped."""
+    policy.window_steps, policy.durations = policy.durations, []
+    if not policy.window_steps:
         return False
-    now, policy.durations = statistics.median(policy.durations), []
+    now = statistics.median(seconds for _, seconds in policy.window_steps)
     if policy.rounds < 1:
         return False
     before, policy.window = policy.window, now
@@ -245,7 +268,7 @@ def _pick(policy: "BoundaryPolicy", b: int, d: str, x: Tensor, link: Link, candi
     keep = Cost(0.0, 0.0, raw) if current == "none" else allowed.get(current)
     if keep is not None and keep.expected(link) <= decision.expected_s * (1 + HYSTERESIS):
         decision = Decision(current, keep.expected(link), decision.dense_s)  # not worth a switch
-    name = _tried(policy, b, d, close_call(link, raw, allowed), decision.candidate, current, notes)
+    name = _tried(policy, b, d, close_call(link, raw, allowed), decision.candidate, current, notes, step)
     if name != decision.candidate:
         decision = Decision(name, (allowed[name] if name != "none" else Cost(0.0, 0.0, raw)).expected(link),
                             decision.dense_s)
@@ -255,19 +278,21 @@ def _pick(policy: "BoundaryPolicy", b: int, d: str, x: Tensor, link: Link, candi
 
 
 def _tried(policy: "BoundaryPolicy", b: int, d: str, contender: str | None, pick: str, current: str,
-           notes: list[str]) -> str:
+           notes: list[str], step: int) -> str:
     """The pick after the trials: a trial that ran in the window since the last round is settled; on a close call
     (`contender`: its fastest compressing candidate) a settled outcome younger than REPROBE_ROUNDS rounds stands,
-    otherwise the side of the call not running now is tried for one window. Appends what happened to `notes`."""
-    trial = policy.trials.get((b, d))
+    otherwise a trial of `current` against the other side of the call starts at `step`. Appends what happened to
+    `notes`."""
+    trial = policy.trials.pop((b, d), None)
     if trial is not None:
-        if policy.window is None:  # resumed from a checkpoint mid-trial: its window is the one that starts now
+        outcome = settle(trial, policy.window_steps)
+        if outcome is None:  # no step of one side was timed: the trial runs its window again from here
+            policy.trials[b, d] = dataclasses.replace(trial, start=step)
             return trial.challenger
-        del policy.trials[b, d]
-        kept = settle(trial, policy.window)
+        kept, challenger, incumbent = outcome
         policy.settled[b, d] = (kept, policy.rounds)
-        notes.append(f"tried {trial.challenger}: {policy.window * 1e3:.4g} ms per step against "
-                     f"{trial.before * 1e3:.4g} ms under {trial.incumbent}; keeps {kept}")
+        notes.append(f"tried {trial.challenger} on alternate steps: {challenger * 1e3:.4g} ms per step against "
+                     f"{incumbent * 1e3:.4g} ms under {trial.incumbent}; keeps {kept}")
     if contender is None or pick not in ("none", contender):
         return pick
     settled = policy.settled.get((b, d))
@@ -276,7 +301,6 @@ def _tried(policy: "BoundaryPolicy", b: int, d: str, contender: str | None, pick
     if policy.window is None or current not in ("none", contender):
         return pick
     other = contender if current == "none" else "none"
-    policy.trials[b, d] = Trial(current, other, policy.window)
-    notes.append(f"a close call: {other} runs for a window of steps against {current}'s {policy.window * 1e3:.4g} ms "
-                 "per step")
+    policy.trials[b, d] = Trial(current, other, step)
+    notes.append(f"a close call: {other} and {current} run on alternate steps for a window")
     return other

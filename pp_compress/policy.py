@@ -76,20 +76,29 @@ class BoundaryPolicy:
         """auto: decision rounds run so far in this process."""
         self.tick: float | None = None
         """auto: the host clock when this stage's current step began (after its round, if it had one)."""
-        self.durations: list[float] = []
-        """auto: this stage's step times since the last round (decide.begin_step), rounds excluded."""
+        self.durations: list[tuple[int, float]] = []
+        """auto: this stage's (step, seconds) since the last round (decide.begin_step), rounds excluded."""
+        self.window_steps: list[tuple[int, float]] = []
+        """auto: the (step, seconds) of the window that the last round closed."""
         self.window: float | None = None
         """auto: the median step time of the window before the last round."""
         self.trials: dict[tuple[int, str], Trial] = {}
         """auto, on the sending side: the close call being tried per boundary and direction (decide.Trial)."""
+        self.alternate: dict[tuple[int, str], tuple[str, int]] = {}
+        """auto, on both sides: during a trial, (the candidate that runs in place of the decision on odd steps after
+        the start, the start step)."""
         self.settled: dict[tuple[int, str], tuple[str, int]] = {}
         """auto, on the sending side: (what the last trial kept, the round it was settled in)."""
 
-    def op(self, boundary: int, direction: str, training: bool) -> Compressor | None:
-        """The operator of one boundary and direction (None for identity), built on first use."""
+    def op(self, boundary: int, direction: str, training: bool, step: int | None = None) -> Compressor | None:
+        """The operator of one boundary and direction (None for identity), built on first use; under auto, at `step`
+        where a trial alternates two candidates (None: the decision)."""
         if self.auto is not None:
             direction = direction if training else "act"
             name = self.decisions.get((boundary, direction), "none")
+            alternate = self.alternate.get((boundary, direction)) if training and step is not None else None
+            if alternate is not None and (step - alternate[1]) % 2:
+                name = alternate[0]
             if name == "none":
                 return None
             if (boundary, direction, name) not in self._auto_ops:
@@ -133,6 +142,14 @@ class BoundaryPolicy:
         self._auto_ops.pop((boundary, direction, name), None)
         return True
 
+    def alternate_with(self, boundary: int, direction: str, name: str | None, start: int) -> None:
+        """During a trial: run candidate `name` in place of the decision on the odd steps after `start` (None: no
+        trial). Each keeps its own operator, and with it its state, while they alternate."""
+        if name is None:
+            self.alternate.pop((boundary, direction), None)
+        else:
+            self.alternate[boundary, direction] = (_candidate(name, "auto trial candidate {!r}"), start)
+
     def measures_error(self, where: Where) -> bool:
         """Whether this message's relative error goes into the statistics: micro-batch 0 of every error_every-th step
         (it costs a decode, or a pass over both tensors, on the sender)."""
@@ -142,7 +159,11 @@ class BoundaryPolicy:
         """The operator that compresses a tensor of this shape and dtype here, or None: it travels as it is."""
         if spec.dtype not in FLOAT_DTYPES or not self.cfg.compresses(spec.numel, spec.dtype, where.step, where.training):
             return None
-        return self.op(where.boundary, where.direction, where.training)
+        return self.plan_op(where)
+
+    def plan_op(self, where: Where) -> Compressor | None:
+        """The operator this boundary, direction and step runs, whatever the tensor."""
+        return self.op(where.boundary, where.direction, where.training, where.step)
 
     def account(self, specs: list[TensorSpec], ops: list[Compressor | None], where: Where, stats: DirectionStats,
                 name: str | None = None) -> None:
@@ -150,7 +171,7 @@ class BoundaryPolicy:
         compressing spec has done nothing for NOOP_WARN_AFTER messages: every float tensor was below min_numel, or
         none was floating point. Warm-up and identity specs are intended and never warn."""
         stats.compressed += sum(op is not None for op in ops)
-        if any(op is not None for op in ops) or self.op(where.boundary, where.direction, where.training) is None:
+        if any(op is not None for op in ops) or self.plan_op(where) is None:
             return
         if where.training and where.step < self.cfg.warmup_steps:
             return
@@ -190,8 +211,10 @@ class BoundaryPolicy:
                     "auto_validated": {f"{b}.{d}.{n}": v for (b, d, n), v in sorted(self.validated.items())},
                     "auto_barred": sorted(f"{b}.{d}.{n}" for b, d, n in self.barred),
                     "auto_settled": {f"{b}.{d}": name for (b, d), (name, _) in sorted(self.settled.items())},
-                    "auto_trials": {f"{b}.{d}": [t.incumbent, t.challenger, t.before]
-                                    for (b, d), t in sorted(self.trials.items())}}
+                    "auto_trials": {f"{b}.{d}": [t.incumbent, t.challenger, t.start]
+                                    for (b, d), t in sorted(self.trials.items())},
+                    "auto_alternate": {f"{b}.{d}": [name, start]
+                                       for (b, d), (name, start) in sorted(self.alternate.items())}}
         return {"config": str(self.cfg),
                 "ops": {f"{b}.{d}": op.state_dict() for (b, d, tr), op in self._ops.items() if op is not None and tr}}
 
@@ -211,10 +234,13 @@ class BoundaryPolicy:
         for key, name in state.get("auto_settled", {}).items():  # rounds count from 0 again in this process
             b, d = key.split(".")
             self.settled[int(b), d] = (_candidate(name, _FROM_STATE), 0)
-        for key, (incumbent, challenger, before) in state.get("auto_trials", {}).items():
+        for key, (incumbent, challenger, start) in state.get("auto_trials", {}).items():
             b, d = key.split(".")
             self.trials[int(b), d] = Trial(_candidate(incumbent, _FROM_STATE), _candidate(challenger, _FROM_STATE),
-                                           float(before))
+                                           _start(start))
+        for key, (name, start) in state.get("auto_alternate", {}).items():
+            b, d = key.split(".")
+            self.alternate_with(int(b), d, _candidate(name, _FROM_STATE), _start(start))
         for key, sub in state["ops"].items():
             b, d = key.split(".")
             op = self.op(int(b), d, True)
@@ -223,6 +249,13 @@ class BoundaryPolicy:
 
 
 _FROM_STATE = "auto candidate {!r} in the checkpoint's state"
+
+
+def _start(step: Any) -> int:
+    """A trial's start step read from a checkpoint's state: an integer, else a ValueError that says what it was."""
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"auto trial start {step!r} in the checkpoint's state; accepted: an integer step")
+    return step
 
 
 def _candidate(name: str, what: str) -> str:

@@ -190,22 +190,26 @@ def test_a_known_link_is_not_probed_again_until_the_step_time_drifts():
 def drift(sender) -> None:
     """Make the sender's next round see its step time drift: 100x the window before, after the warm-up's window."""
     sender.rounds = max(sender.rounds, 1)
-    sender.window, sender.durations = 1e-4, [0.01, 0.01]
+    sender.window, sender.durations = 1e-4, [(5, 0.01), (6, 0.01)]
 
 
 def test_a_window_is_the_median_step_time_the_warm_up_is_dropped_and_a_drift_is_seen():
     from pp_compress.decide import _drifted
 
     pol, _ = policies()
-    pol.durations = [5.0, 0.1]  # before the first round: the engine's warm-up
-    assert not _drifted(pol) and pol.window is None and pol.durations == []
-    pol.rounds, pol.durations = 1, [0.1, 0.1, 3.0]  # one step held an evaluation or a checkpoint
+    def timed(*seconds):
+        return list(enumerate(seconds))
+
+    pol.durations = timed(5.0, 0.1)  # before the first round: the engine's warm-up
+    assert not _drifted(pol) and pol.window is None and pol.durations == [] and pol.window_steps == timed(5.0, 0.1)
+    pol.rounds, pol.durations = 1, timed(0.1, 0.1, 3.0)  # one step held an evaluation or a checkpoint
     assert not _drifted(pol) and pol.window == pytest.approx(0.1)
-    pol.durations = [0.11, 0.118, 0.1]
+    pol.durations = timed(0.11, 0.118, 0.1)
     assert not _drifted(pol) and pol.window == pytest.approx(0.11)
-    pol.durations = [0.2, 0.2]
+    pol.durations = timed(0.2, 0.2)
     assert _drifted(pol) and pol.window == pytest.approx(0.2)
     assert not _drifted(pol) and pol.window == pytest.approx(0.2)  # no step timed since: the window stands
+    assert pol.window_steps == []
 
 
 def test_begin_step_times_the_steps_without_the_rounds():
@@ -220,7 +224,8 @@ def test_begin_step_times_the_steps_without_the_rounds():
             time.sleep(0.01)
     finally:
         decide.decide_round = real
-    assert rounds == [1, 4] and len(pol.durations) == 4 and all(0.01 <= t < 0.15 for t in pol.durations)
+    assert rounds == [1, 4] and [s for s, _ in pol.durations] == [0, 1, 2, 3]  # the steps that ended, in order
+    assert all(0.01 <= t < 0.15 for _, t in pol.durations)
     assert decide.begin_step(policies("identity")[0], 0, 2, torch.device("cpu"), None, 1) == []
 
 
@@ -269,40 +274,85 @@ def test_a_close_call_is_between_dense_and_twice_its_time_and_a_trial_keeps_only
     assert close_call(link, raw, codec(3.0)) is None  # 4.25 ms: more than twice dense's time, not tried
     assert close_call(link, raw, codec(0.1)) is None  # 1.35 ms: compressing clearly wins, the model picks it
     assert close_call(link, raw, {}) is None
-    trial = Trial("none", "safe", before=0.100)
-    assert settle(trial, 0.100 * (1 - TRIAL_GAIN) - 1e-6) == "safe" and settle(trial, 0.099) == "none"
+    trial = Trial("none", "safe", start=10)
+    steps = [(9, 0.01), (10, 0.090), (11, 0.100), (12, 0.092), (13, 0.101), (14, 0.5)]  # step 9 ran before the trial
+    assert settle(trial, steps) == ("safe", 0.092, 0.1005)
+    assert settle(trial, [(10, 0.100 * (1 - TRIAL_GAIN) - 1e-6), (11, 0.100)])[0] == "safe"
+    assert settle(trial, [(10, 0.100 * (1 - TRIAL_GAIN) + 1e-6), (11, 0.100)])[0] == "none"
+    assert settle(trial, [(9, 0.1), (10, 0.1), (12, 0.1)]) is None  # the incumbent's side has no step timed
 
 
-def close_round(pols, wire, x, step, window):
+def close_round(pols, wire, x, step, steps=()):
     """A decision round after which the sender's measured costs make safe a close call (1 ms of codec on a link
-    whose dense message takes 1 ms), with `window` as the stage's median step time since the last round."""
+    whose dense message takes 1 ms), with `steps` [(step, seconds)] as the stage's step times since the last round."""
     import dataclasses
 
     like, costs = pols[0].costs[0, "act"]
     pols[0].costs[0, "act"] = (like, {n: dataclasses.replace(c, encode_s=6e-4, decode_s=4e-4) for n, c in costs.items()})
-    pols[0].window = window
+    pols[0].rounds, pols[0].durations = max(pols[0].rounds, 1), list(steps)
+    pols[0].window = 0.1 if steps else None  # the window before: no drift
     remember(*pols, x, step=step - 1)
     return round_between(pols, wire, step=step)
 
 
-@pytest.mark.parametrize("trial_window,kept", [(0.090, "safe"), (0.0995, "none")])
-def test_a_close_call_is_tried_for_a_window_and_settled_by_the_step_time(trial_window, kept):
+def ops_at(pol, step):
+    """The candidate each direction of boundary 0 runs at `step` (by its operator's spec)."""
+    from pp_compress.policy import Where
+
+    return tuple(str(op.spec) if (op := pol.plan_op(Where(0, d, step))) is not None else "none"
+                 for d in ("act", "grad"))
+
+
+@pytest.mark.parametrize("under_safe,kept", [(0.090, "safe"), (0.0995, "none")])
+def test_a_close_call_runs_both_sides_on_alternate_steps_and_is_settled_by_their_step_times(under_safe, kept):
+    from pp_compress.presets import PRESETS
+
     x = torch.randn(8, 64, 576, generator=torch.Generator().manual_seed(5))
     pols, wire = policies(), Wire(rate=None, latency=1e-3)
     remember(*pols, x)
     round_between(pols, wire)  # round 0 measures the link (1 ms, no bandwidth term) and the codecs: none
     assert pols[0].decisions[0, "act"] == "none"
-    lines = close_round(pols, wire, x, step=2, window=0.100)
-    assert pols[0].decisions[0, "act"] == pols[1].decisions[0, "act"] == "safe"  # the other side of the call runs
-    assert "a close call: safe runs for a window of steps against none's 100 ms per step" in lines[0][0]
-    assert pols[0].trials[0, "act"] == Trial("none", "safe", 0.100)
-    lines = close_round(pols, wire, x, step=3, window=trial_window)
+    lines = close_round(pols, wire, x, step=2, steps=[(1, 0.1)])
+    assert "a close call: safe and none run on alternate steps for a window" in lines[0][0]
+    assert pols[0].trials[0, "act"] == Trial("none", "safe", 2)
+    for pol in pols:  # both sides of the boundary switch in step: safe at 2, 4, ..., none at 3, 5, ...
+        assert pol.decisions[0, "act"] == "safe" and pol.alternate == {(0, "act"): ("none", 2)}
+        assert [ops_at(pol, s)[0] for s in (2, 3, 4, 5)] == [PRESETS["safe"], "none"] * 2
+        assert ops_at(pol, 3)[1] == "none"  # the gradient's call was not close: no trial
+    window = [(s, under_safe if s % 2 == 0 else 0.100) for s in range(2, 8)]
+    lines = close_round(pols, wire, x, step=8, steps=window)
     assert pols[0].decisions[0, "act"] == pols[1].decisions[0, "act"] == kept
-    assert f"tried safe: {trial_window * 1e3:.4g} ms per step against 100 ms under none; keeps {kept}" in lines[0][0]
+    assert pols[0].alternate == pols[1].alternate == {}
+    assert (f"tried safe on alternate steps: {under_safe * 1e3:.4g} ms per step against 100 ms under none; "
+            f"keeps {kept}") in lines[0][0]
     assert pols[0].trials == {} and pols[0].settled[0, "act"] == (kept, pols[0].rounds - 1)
-    lines = close_round(pols, wire, x, step=4, window=0.5)  # the outcome stands until the link is measured again
+    lines = close_round(pols, wire, x, step=9, steps=[(8, 0.5)])  # the outcome stands until the link is measured again
     assert pols[0].decisions[0, "act"] == kept and lines[0] == [] and pols[0].trials == {}
     assert "(0, 'grad')" not in str(pols[0].trials)  # the gradient's sender is stage 1, whose costs are its own
+
+
+def test_alternate_steps_keep_each_candidates_own_operator_and_state():
+    sender, _ = policies("auto:max=aggressive:model=small-gpt:every=1,min_numel=0")
+    sender.decide(0, "act", "aggressive")
+    before = sender.op(0, "act", True)
+    sender.decide(0, "act", "int8")
+    sender.alternate_with(0, "act", "aggressive", 4)
+    assert sender.op(0, "act", True, 5) is not sender.op(0, "act", True, 4)
+    assert sender.op(0, "act", True, 5) is before  # not rebuilt: its state carries over between its steps
+    assert sender.op(0, "act", False, 5) is sender.op(0, "act", True, 4)  # inference runs the decision
+    with pytest.raises(ValueError, match="auto trial candidate 'int4'; accepted: none, int8"):
+        sender.alternate_with(0, "act", "int4", 4)
+
+
+def test_a_trial_settled_from_no_timed_steps_runs_its_window_again():
+    x = torch.randn(8, 64, 576, generator=torch.Generator().manual_seed(6))
+    pols, wire = policies(), Wire(rate=None, latency=1e-3)
+    remember(*pols, x)
+    round_between(pols, wire)
+    close_round(pols, wire, x, step=2, steps=[(1, 0.1)])
+    lines = close_round(pols, wire, x, step=3, steps=[])  # resumed from a checkpoint just before this round
+    assert pols[0].trials[0, "act"] == Trial("none", "safe", 3) and lines[0] == []
+    assert pols[0].alternate == pols[1].alternate == {(0, "act"): ("none", 3)}
 
 
 def test_a_trial_and_its_outcome_survive_a_checkpoint():
@@ -310,13 +360,18 @@ def test_a_trial_and_its_outcome_survive_a_checkpoint():
 
     sender, _ = policies()
     sender.decide(0, "act", "safe")
-    sender.trials[0, "act"] = Trial("none", "safe", 0.25)
+    sender.trials[0, "act"] = Trial("none", "safe", 40)
+    sender.alternate_with(0, "act", "none", 40)
     sender.settled[0, "grad"] = ("safe", 7)
     resumed = BoundaryPolicy(sender.cfg)
     resumed.load_state_dict(sender.state_dict())
     assert resumed.trials == sender.trials and resumed.settled == {(0, "grad"): ("safe", 0)}
-    assert resumed.decisions == {(0, "act"): "safe"}
+    assert resumed.decisions == {(0, "act"): "safe"} and resumed.alternate == {(0, "act"): ("none", 40)}
     state = sender.state_dict()
     state["auto_trials"]["0.act"][1] = "int4"
     with pytest.raises(ValueError, match="auto candidate 'int4' in the checkpoint's state; accepted: none, int8"):
+        BoundaryPolicy(sender.cfg).load_state_dict(state)
+    state = sender.state_dict()
+    state["auto_alternate"]["0.act"][1] = 0.25
+    with pytest.raises(ValueError, match="auto trial start 0.25 in the checkpoint's state; accepted: an integer step"):
         BoundaryPolicy(sender.cfg).load_state_dict(state)
