@@ -119,7 +119,8 @@ class TileQuant(Compressor):
         high = torch.zeros(dm.tiles, dtype=torch.bool, device=x.device)  # (tiles,)
         high[spread.topk(n_hi).indices] = True
         bitmap = pack_bits(high.to(torch.uint8), 1) if 0 < n_hi < dm.tiles else x.new_empty((0,), dtype=torch.uint8)
-        parts = [part.encode(t[mask], ctx).tensors for part, mask in zip(self.parts, (high, ~high))]
+        order = _order(high)  # (tiles,)
+        parts = [part.encode(t[rows], ctx).tensors for part, rows in zip(self.parts, (order[:n_hi], order[n_hi:]))]
         return Payload((bitmap, *parts[0], *parts[1], *pivots), x.shape, x.dtype)
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
@@ -132,9 +133,16 @@ class TileQuant(Compressor):
             high = unpack_bits(bitmap, 1, dm.tiles).bool()  # (tiles,)
         else:
             high = torch.full((dm.tiles,), n_hi == dm.tiles, dtype=torch.bool, device=device)
+        order = _order(high)  # (tiles,)
         t = torch.empty((dm.tiles, c.size), dtype=torch.float32, device=device)  # (tiles, size)
         n = len(self.parts[0].wire_layout((1, c.size), torch.float32))  # tensors per part
-        for j, (part, mask) in enumerate(zip(self.parts, (high, ~high))):
-            size = torch.Size((int(mask.sum()), c.size))
-            t[mask] = part.decode(Payload(tuple(rest[j * n:(j + 1) * n]), size, torch.float32), ctx)
+        for j, (part, rows) in enumerate(zip(self.parts, (order[:n_hi], order[n_hi:]))):
+            size = torch.Size((len(rows), c.size))
+            t[rows] = part.decode(Payload(tuple(rest[j * n:(j + 1) * n]), size, torch.float32), ctx)
         return pivoted.merge(t, rest[2 * n:], dm, shape, payload.dtype, c.rot, ctx, "tile-rot", c.kernel == "fused")
+
+
+def _order(high: Tensor) -> Tensor:
+    """The tiles' indices, the high ones first, each group in increasing order (int64): the split a boolean mask
+    would make, by indices whose number the shape already gives, so that no count is read back from the device."""
+    return torch.argsort(~high, stable=True)
