@@ -200,9 +200,18 @@ def frontier(runs: dict[str, dict[str, Any]], e2e: list[dict[str, dict[str, dict
                     "noise_floor": floor, "tolerance": tol,
                     "steps_to_target": steps, "base_step_at_this_loss": steps_to_target(base["evals"], r["final"]),
                     "links": links,
-                    "parity": {"loss_rule": None if tol is None else ("parity" if delta <= tol else "worse"),
+                    "parity": {"loss_rule": loss_rule(delta, tol, r["evals"][-1][0], base["evals"][-1][0]),
                                "lm_eval": "baseline" if name == testbed.base else verdicts.get(name)}})
     return out
+
+
+def loss_rule(delta: float, tol: float | None, steps: int, base_steps: int) -> str | None:
+    """The loss rule's verdict on a run's final loss `delta` above the baseline's: parity or worse, None without a
+    tolerance (one seed of the baseline), and "N steps: not comparable" for a run of other length than the baseline's
+    (its steps to target are its result)."""
+    if steps != base_steps:
+        return f"{steps} steps: not comparable"
+    return None if tol is None else ("parity" if delta <= tol else "worse")
 
 
 def _fmt_steps(steps: float | None) -> str:

@@ -47,13 +47,14 @@ def _run(final_curve, act_wire, grad_wire, raw=4.0):
 
 def test_frontier_rows_combine_quality_and_link_times(monkeypatch):
     settings = {"base": "none", "base-seed1": "none", "int8": "int8", "act-int4_grad-int3stoch-warm100":
-                "act=int4,grad=int3:stoch,warmup=100", "slow": "int2"}
+                "act=int4,grad=int3:stoch,warmup=100", "slow": "int2", "long": "int2"}
     monkeypatch.setattr(fr, "EXTRA", {})
     runs = {"base": _run([(500, 5.0), (1000, 4.0)], 4.0, 4.0),
             "base-seed1": _run([(500, 5.1), (1000, 4.05)], 4.0, 4.0),
             "int8": _run([(500, 4.9), (1000, 3.9)], 1.0, 1.0),  # reaches 4.0 at step 950
             "act-int4_grad-int3stoch-warm100": _run([(500, 5.0), (1000, 4.0)], 0.5, 0.375),
-            "slow": _run([(500, 5.5), (1000, 4.5)], 0.25, 0.25)}
+            "slow": _run([(500, 5.5), (1000, 4.5)], 0.25, 0.25),
+            "long": _run([(500, 5.5), (1000, 4.5), (1500, 4.0), (2000, 3.9)], 0.25, 0.25)}  # twice the baseline's steps
     none, int8, i43 = fr.e2e_key("none", []), fr.e2e_key("int8", []), fr.e2e_key("act=int4,grad=int3:stoch", [])
     def row(step_s, rate):
         return {"step_s": step_s, "rate_mbit": rate, "latency_ms": 0.0}
@@ -83,6 +84,8 @@ def test_frontier_rows_combine_quality_and_link_times(monkeypatch):
     assert s["base_step_at_this_loss"] == pytest.approx(500 + 0.5 / 1.0 * 500)  # the baseline had 4.5 at step 750
     assert r8["base_step_at_this_loss"] is None  # better than the baseline ever was
     assert math.isclose(s["delta"], 0.5)
+    long = rows["long"]  # its final loss is past the baseline's, in twice the steps: no verdict, its steps to target
+    assert long["parity"]["loss_rule"] == "2000 steps: not comparable" and long["steps_to_target"] == 1500.0
 
 
 def test_headline_is_the_fewest_bits_at_parity_on_both_rules(monkeypatch):
