@@ -2,6 +2,7 @@
 # CPU codec speed side by side with an earlier commit: benchmarks/ops.py from REV's tree and from this one, in turns
 # (old, new, old, new), one thread each, so that a drift of the machine spreads over both.
 #   bash benchmarks/cpu_ab.sh REV [OUT_DIR]          (default results/bench/cpu_ab; about 10 minutes on one core)
+#   SPECS="--spec tile:3.5" bash benchmarks/cpu_ab.sh REV OUT_DIR    (other specs than the presets' and their parts)
 # Each run writes OUT_DIR/<old|new>_<round>.md with its command; the lines printed are the summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +12,7 @@ mkdir -p "$out"
 old=$(mktemp -d)
 git worktree add -f -q "$old" "$rev"
 trap 'git worktree remove --force "$old"' EXIT
-specs="--spec int8 --spec int8:rot --spec int4:rot --spec int3:stoch --spec nf6 --spec tile:3.5 --spec vq:4"
+specs=${SPECS:-"--spec int8 --spec int8:rot --spec int4:rot --spec int3:stoch --spec nf6 --spec tile:3.5 --spec vq:4"}
 for round in 1 2; do
   for tree in old new; do
     if [ $tree = old ]; then pp="$old:$old/lab"; else pp="$PWD:$PWD/lab"; fi
