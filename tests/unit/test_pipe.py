@@ -144,3 +144,29 @@ def test_where_names_its_direction():
     with pytest.raises(ValueError, match="direction='fwd'"):
         Where(0, "fwd")
     assert Where(2, "act", training=False).stats_key == "b2.act_eval"
+
+
+def test_an_auto_trial_switches_both_stages_in_step():
+    """During a trial of auto's (decide.py) the two candidates alternate step by step: the sender's buffers and the
+    receiver's expected ones change together, and each step's message arrives as its candidate sends it."""
+    from pp_compress.policy import Where
+
+    a, b = _pair("auto:model=small-gpt")
+    for stage in (a, b):
+        stage.policy.decide(0, "act", "int8")
+        stage.policy.alternate_with(0, "act", "none", 4)
+    x = [torch.randn(4, 8, 64)]
+    specs = [TensorSpec((4, 8, 64), torch.float32)]
+    sizes = []
+    for step in (4, 5, 6, 7):
+        where = Where(0, "act", step=step)
+        sent = a.encode(x, where)
+        bufs = b.recv_buffers(specs, where, torch.device("cpu"), [None])
+        assert [t.shape for _, t in bufs] == [t.shape for _, t in sent]
+        for (_, dst), (_, src) in zip(bufs, sent):
+            dst.copy_(src)
+        got = b.decode(specs, where, [None], bufs)[0]
+        sizes.append(sum(t.numel() * t.element_size() for _, t in sent))
+        assert torch.equal(got, x[0]) == (step % 2 == 1)  # `none` on the odd steps after the start: exact
+        assert (got - x[0]).abs().max() < 0.05
+    assert sizes[1] == sizes[3] == x[0].numel() * 4 and sizes[0] == sizes[2] < sizes[1] / 3
