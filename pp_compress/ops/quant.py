@@ -390,12 +390,12 @@ _SYM_ENCODE, _SYM_DECODE = Compiled(sym_encode), Compiled(sym_decode)
 
 
 def _abs_mean(g: Tensor) -> Tensor:
-    """mean |g| per row of fp32 groups (groups, size); rows whose sum overflows fp32 are redone scaled by their max."""
-    mean = g.abs().mean(dim=1)  # (groups,)
-    if bool(torch.isfinite(mean).all()):
-        return mean
-    top = g.abs().amax(dim=1)  # (groups,)
-    return (g.abs() / safe_scale(top)[:, None]).mean(dim=1) * top
+    """mean |g| per row of fp32 groups (groups, size); rows whose sum overflows fp32 take it scaled by their max
+    (computed for every row: asking whether any overflowed would wait for the device)."""
+    a = g.abs()  # (groups, size)
+    mean = a.mean(dim=1)  # (groups,)
+    top = a.amax(dim=1)  # (groups,)
+    return torch.where(torch.isfinite(mean), mean, (a / safe_scale(top)[:, None]).mean(dim=1) * top)
 
 
 def _round_(q: Tensor, noise: Tensor | None) -> Tensor:

@@ -80,7 +80,8 @@ class TopK(Compressor):
         g = x.reshape(groups, size)  # (groups, size)
         if idx_dtype is None:
             mask = torch.zeros_like(g, dtype=torch.bool).scatter_(1, index, True)  # (groups, size)
-            values = g[mask].view(groups, k)  # (groups, k), in position order
+            values = g.gather(1, index.sort(dim=1).values)  # (groups, k), in position order (a mask's count is
+            # known here, but indexing by it would read it back from the device)
             return Payload((values, pack_bits(mask.view(-1), 1)), x.shape, x.dtype)
         values = g.gather(1, index)  # (groups, k)
         return Payload((values, to_wire_index(index, idx_dtype)), x.shape, x.dtype)

@@ -32,7 +32,7 @@ def host_reads(monkeypatch):
 
 
 @pytest.mark.parametrize("spec", ["int8", "safe", "aggressive", "int4:rot", "nf6", "int3:stoch", "act=int8:rot+ef21",
-                                  "tile:3.5", "tile:3:lo=2:hi=4:asym:stoch"])
+                                  "tile:3.5", "tile:3:lo=2:hi=4:asym:stoch", "int1"])
 def test_a_preset_message_makes_no_host_read_in_steady_state(spec, host_reads):
     calls, on = host_reads
     cfg = ppc.parse_spec(spec)

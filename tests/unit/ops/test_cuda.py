@@ -59,11 +59,13 @@ def test_the_rotation_by_matrix_product_on_cuda_is_the_butterfly(n):
         assert a.is_cuda and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["int8", "safe", "aggressive", "int4:rot", "nf6", "int3:stoch"])
+@pytest.mark.parametrize("spec", ["int8", "safe", "aggressive", "int4:rot", "nf6", "int3:stoch", "tile:3.5",
+                                  "topk:0.5:index=bitmap", "int1"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_deferred_message_never_waits_for_the_device(spec, dtype):
     """With the non-finite checks deferred (what every engine does on a GPU), compress + decompress of a preset makes
-    no synchronizing CUDA call after warm-up: torch's sync debug mode turns any into an error."""
+    no synchronizing CUDA call after warm-up: torch's sync debug mode turns any into an error. Also `tile`, `topk`'s
+    bitmap and `int1`, whose paths were made free of host reads without a GPU to check them on."""
     from pp_compress.ops.base import Deferred
 
     deferred = Deferred()

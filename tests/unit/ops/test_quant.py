@@ -159,3 +159,14 @@ def test_chunked_int8_kernels_match_the_whole_tensor_kernels_bitwise(dtype, per)
     expect = from_groups(sym_decode(to_groups(p.tensors[0].view(torch.int8).reshape(x.shape), per), 8,
                                     scale.float()[:, None], dtype), tuple(x.shape), per)
     assert torch.equal(op.decompress(p), expect)
+
+
+def test_sign_codes_scale_a_row_whose_mean_overflows_by_its_max():
+    """int1's scale is the mean |x| of a row; where summing the row overflows fp32 it is taken scaled by the row's max
+    (for every row, without asking the device whether any overflowed), and the other rows keep the plain mean."""
+    x = torch.tensor([[3e38, 3e38, -3e38, 3e38], [1.0, -2.0, 3.0, -4.0]])
+    op = ppc.build("int1:scale=fp32")
+    y = op.decompress(op.compress(x, ppc.Context()), ppc.Context())
+    assert torch.isfinite(y).all()
+    assert torch.allclose(y.abs(), torch.tensor([[3e38] * 4, [2.5] * 4]), rtol=1e-6)
+    assert torch.equal(torch.sign(y), torch.sign(x))
