@@ -152,7 +152,7 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
             head[0] = -1 if x is None else 1 if probe else 0
             if x is not None and not probe:
                 name, line, noted = _pick(policy, b, d, x, known, candidates, step, reps, measure=False)
-                head[1:] = torch.tensor(_told(policy, b, d, name))
+                other = _told(policy, b, d, name, head)
             exchange([("send", peer, head)])
             if x is None:
                 continue
@@ -162,10 +162,9 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
                 if due:
                     policy.probed[b, d] = policy.rounds
                 name, line, noted = _pick(policy, b, d, x, known, candidates, step, reps, measure=due)
-                head[1:] = torch.tensor(_told(policy, b, d, name))
+                other = _told(policy, b, d, name, head)
                 exchange([("send", peer, head[1:])])
-            trial = policy.trials.get((b, d))
-            policy.alternate_with(b, d, trial.incumbent if trial else None, step)
+            policy.alternate_with(b, d, other, step)
             first = (b, d) not in policy.decisions
             if policy.decide(b, d, name) or first or noted:
                 lines.append(f"step {step}: {line}" + (" (link measured now)" if probe else ""))
@@ -173,10 +172,12 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
     return lines
 
 
-def _told(policy: "BoundaryPolicy", b: int, d: str, name: str) -> list[int]:
-    """The sender's pick and its trial's incumbent (-1: no trial), as the receiver reads them off the head."""
+def _told(policy: "BoundaryPolicy", b: int, d: str, name: str, head: Tensor) -> str | None:
+    """Writes the sender's pick and its trial's incumbent (-1: no trial) into head[1:], as the receiver reads them;
+    returns the incumbent, which runs on the trial's odd steps (None: no trial)."""
     trial = policy.trials.get((b, d))
-    return [LADDER.index(name), LADDER.index(trial.incumbent) if trial else -1]
+    head[1], head[2] = LADDER.index(name), LADDER.index(trial.incumbent) if trial else -1
+    return trial.incumbent if trial else None
 
 
 def _drifted(policy: "BoundaryPolicy") -> bool:
