@@ -201,10 +201,12 @@ SMOLLM2: dict[str, str] = {
 # Then d/2 through vq for 600 steps (`long`: the baseline's 200 steps three times over, its own cosine schedule): no
 # setting at or below 2 bits reached the baseline's final loss in 200 steps, and the time to that loss (steps to
 # target x step time per link) is what decides on a slow link. Its loss rule is not comparable (not equal steps).
+# It runs last: at ~24 s a step it takes about 4 hours, longer than a session, and a session starts from a fresh
+# checkout without runs/, so it needs a session that can keep its checkpoint; the 200-step grid rows fit one each.
 BOTTLENECK_ORDER = [(144, "int8rot", ""), (288, "vq4", ""), (144, "none", ""), (288, "vq4", "lr10"), (72, "int8rot", ""),
                     (144, "vq4", ""),
-                    (144, "int8rot", "frozen"), (36, "int8rot", ""), (288, "vq4", "long"), (72, "vq4", ""),
-                    (72, "none", ""), (36, "none", ""), (36, "vq4", "")]
+                    (144, "int8rot", "frozen"), (36, "int8rot", ""), (72, "vq4", ""),
+                    (72, "none", ""), (36, "none", ""), (36, "vq4", ""), (288, "vq4", "long")]
 BN_CODECS = {"none": "none", "int8rot": "int8:rot", "vq4": "act=vq:4,grad=vq:3"}
 for _k, _codec, _variant in BOTTLENECK_ORDER:
     _name = f"sm-bn{_k}{'-' + _variant if _variant else ''}-{_codec}"
