@@ -138,7 +138,7 @@ class MDTopK(Compressor):
                                torch.rand((), generator=ctx.generator(x.device, "mdtopk"), device=x.device), k)  # (k,)
         else:
             chan = torch.topk(w, k).indices.sort().values  # (k,)
-        values = g[:, chan]  # (rows, k)
+        values = g.index_select(1, chan)  # (rows, k)
         if mode == "greedy_weighted":
             kept = w[chan]  # (k,)
             values = (values.float() * (kept / kept.mean())).to(x.dtype)
@@ -150,8 +150,7 @@ class MDTopK(Compressor):
         values, chan = payload.tensors  # (rows, k), (k,)
         rows, d = self._dims(tuple(payload.shape))
         chan = from_wire_index(chan)
-        out = values.new_zeros((rows, d))  # (rows, d)
-        out[:, chan] = values
+        out = values.new_zeros((rows, d)).index_copy_(1, chan, values)  # (rows, d)
         return out.view(payload.shape).to(payload.dtype)
 
     # --- the importance vector -----------------------------------------------------------------
@@ -175,13 +174,13 @@ class MDTopK(Compressor):
                              f"shape {tuple(x.shape)} (micro-batch slot {ctx.micro_batch})")
         rows, d = self._dims(tuple(x.shape))
         s = (x.float() * grad.float()).abs().reshape(rows, d).sum(0)  # (d,)
-        mean = s.mean()
-        if not bool(mean > 0):  # a zero gradient carries no information about the channels
-            return
+        mean = s.mean()  # ()
         prev = self.log_w.get(ctx.sample_key)
         log_w = torch.log(self.weights(ctx, d, x.device)) if prev is None or prev.numel() != d else prev.to(x.device)
-        log_w = (1 - self.config.decay) * log_w + self.config.lr * (s / mean)  # (d,)
-        self.log_w[ctx.sample_key] = log_w - torch.logsumexp(log_w, 0)
+        step = (1 - self.config.decay) * log_w + self.config.lr * (s / mean.clamp_min(1e-30))  # (d,)
+        step = step - torch.logsumexp(step, 0)
+        # a zero gradient carries no information about the channels: w stays (picked on the device, not read back)
+        self.log_w[ctx.sample_key] = torch.where(mean > 0, step, log_w)
 
     def state_dict(self) -> dict[str, Any]:
         return {"log_w": dict(self.log_w)} if self.log_w else {}
@@ -195,16 +194,20 @@ class MDTopK(Compressor):
 
 
 def _inclusion(w: Tensor, k: int) -> Tensor:
-    """Inclusion probabilities p (d,) proportional to w with sum k and none above 1: channels that would exceed 1 are
-    fixed at 1 and the rest rescaled, until none does (at most k rounds)."""
-    fixed = torch.zeros_like(w, dtype=torch.bool)  # (d,)
-    while True:
-        rest = w.masked_fill(fixed, 0)  # (d,)
-        p = torch.where(fixed, torch.ones_like(w), rest * ((k - int(fixed.sum())) / rest.sum().clamp_min(1e-30)))
-        over = (p > 1) & ~fixed
-        if not bool(over.any()):
-            return p.clamp(max=1)
-        fixed |= over
+    """Inclusion probabilities p (d,) proportional to w with sum k and none above 1: the m largest are fixed at 1 and
+    the rest scaled by (k - m) / (their sum), for the smallest m at which the (m+1)-th largest stays at or below 1.
+
+    This is where fixing whatever exceeds 1 and rescaling the rest, round after round, ends (each fixed channel raises
+    the others' scale, so the rounds only ever fix channels among the m largest), computed in one pass on the device:
+    a loop would read a count and a flag back to the host every round."""
+    ranked = torch.sort(w.double(), descending=True).values  # (d,)
+    tails = torch.flip(torch.cumsum(torch.flip(ranked, (0,)), 0), (0,))  # (d,) sum of ranked[m:]
+    m = torch.arange(k, device=w.device)  # (k,) channels fixed at 1 before the candidate (k <= d)
+    fits = ranked[m] * (k - m) <= tails[m]  # (k,) the (m+1)-th largest at or below 1 once the m largest are fixed
+    first = torch.where(fits, m, k - 1).amin(0, keepdim=True)  # (1,) the smallest: m = k - 1 always fits (its tail holds it)
+    scale = (k - first) / tails.gather(0, first).clamp_min(1e-30)  # (1,)
+    p = torch.where(w.double() > ranked.gather(0, first), 1.0, w.double() * scale)  # (d,) fixed: those above the first left
+    return p.clamp(max=1).to(w.dtype)  # ties across the cut would need equal values on both sides: only by rounding
 
 
 def _systematic(p: Tensor, u: Tensor, k: int) -> Tensor:

@@ -50,6 +50,22 @@ def test_a_preset_message_makes_no_host_read_in_steady_state(spec, host_reads):
         deferred.raise_pending()  # all fine
 
 
+@pytest.mark.parametrize("mode", ["greedy", "greedy_weighted", "weighted_greedy", "stochastic"])
+def test_mdtopk_learns_and_sends_without_a_host_read(mode, host_reads):
+    """mdtopk's sender also learns from the gradient that comes back (`observe`): that too stays on the device."""
+    calls, on = host_reads
+    op, deferred = ppc.build(f"mdtopk:0.1:mode={mode}"), Deferred()
+    for step in range(3):
+        x, g = torch.randn(4, 64, 576), torch.randn(4, 64, 576)
+        ctx = ppc.Context(step=step, deferred=deferred)
+        on[0] = step == 2
+        op.decompress(op.compress(x, ctx), ctx)
+        op.observe(g if step else torch.zeros_like(g), ctx)  # a zero gradient once: w must stay without a read
+        on[0] = False
+    assert calls == [], (mode, calls)
+    deferred.raise_pending()
+
+
 def test_a_deferred_failure_is_raised_when_read_and_names_the_boundary_and_step():
     op, deferred = ppc.build("int8"), Deferred()
     x = torch.randn(4, 64)

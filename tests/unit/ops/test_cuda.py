@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pp_compress as ppc
-from pp_compress.ops.base import Flag, layout_nbytes
+from pp_compress.ops.base import Deferred, Flag, layout_nbytes
 from tests.unit.ops.interpreted import assert_matches_reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -81,6 +81,22 @@ def test_a_deferred_message_never_waits_for_the_device(spec, dtype):
             finally:
                 torch.cuda.set_sync_debug_mode(0)
     deferred.raise_pending()
+
+
+@pytest.mark.parametrize("mode", ["greedy", "greedy_weighted", "weighted_greedy", "stochastic"])
+def test_mdtopk_learns_and_sends_without_waiting_for_the_device(mode):
+    """mdtopk's sender learns from the gradient that comes back (`observe`, its water-filling in one pass): no
+    synchronizing CUDA call after warm-up, a zero gradient included."""
+    op = ppc.build(f"mdtopk:0.1:mode={mode}")
+    for step in range(3):
+        x, g = torch.randn(4, 128, 576, device="cuda"), torch.randn(4, 128, 576, device="cuda")
+        ctx = ppc.Context(step=step, deferred=Deferred())
+        torch.cuda.set_sync_debug_mode("error" if step == 2 else 0)
+        try:
+            op.decompress(op.compress(x, ctx), ctx)
+            op.observe(g if step else torch.zeros_like(g), ctx)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
 
 
 TRITON_SPECS = ["int8", "int8:rot", "int8:stoch", "int4:rot", "int3:rot:stoch", "int6", "int2:stoch:scale=fp16",

@@ -89,6 +89,44 @@ def test_inclusion_caps_at_one_and_rescales_the_rest():
     assert torch.allclose(p, torch.tensor([1.0, 2 / 3, 1 / 6, 1 / 6]))
 
 
+def _inclusion_by_rounds(w, k):
+    """The definition: fix whatever exceeds 1 at 1, rescale the rest to the remaining sum, until nothing does."""
+    fixed = torch.zeros_like(w, dtype=torch.bool)
+    while True:
+        rest = w.masked_fill(fixed, 0)
+        p = torch.where(fixed, torch.ones_like(w), rest * ((k - int(fixed.sum())) / rest.sum()))
+        over = (p > 1) & ~fixed
+        if not bool(over.any()):
+            return p.clamp(max=1)
+        fixed |= over
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_inclusion_in_one_pass_is_where_the_rounds_end(seed):
+    gen = torch.Generator().manual_seed(seed)
+    d = int(torch.randint(1, 300, (), generator=gen))
+    k = int(torch.randint(1, d + 1, (), generator=gen))
+    w = torch.softmax(torch.randn(d, generator=gen) * float(8 * torch.rand((), generator=gen)), 0)  # flat to peaked
+    if seed % 4 == 0:  # ties
+        w = torch.round(w * 40) / 40 + 1e-6
+    p = _inclusion(w, k)
+    assert p.dtype == w.dtype and p.shape == w.shape
+    assert torch.allclose(p, _inclusion_by_rounds(w, k), rtol=0, atol=1e-6)
+    assert float(p.sum()) == pytest.approx(k, rel=1e-5) and float(p.max()) <= 1
+
+
+def test_a_zero_gradient_leaves_w_where_it_was():
+    x, g = _salient_case()
+    op = ppc.build("mdtopk:0.1")
+    _learn(op, x, g, steps=3)
+    before = op.state_dict()["log_w"]["b0.act"].clone()
+    _learn(op, x, torch.zeros_like(g), steps=2)
+    assert torch.equal(op.state_dict()["log_w"]["b0.act"], before)
+    fresh = ppc.build("mdtopk:0.1")
+    _learn(fresh, x, torch.zeros_like(g), steps=1)  # from uniform: stays uniform
+    assert torch.allclose(fresh.weights(ppc.Context(), 40, x.device), torch.full((40,), 1 / 40))
+
+
 def test_state_is_keyed_per_boundary_and_tensor_resumes_and_rejects_junk():
     x, g = _salient_case()
     op = ppc.build("mdtopk:0.1:mode=stochastic")
