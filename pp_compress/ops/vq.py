@@ -265,7 +265,9 @@ class VectorQuant(Compressor):
             return Payload(tensors, x.shape, x.dtype)
         t, pivots = pivoted.split(x, dm, c.size, c.rot, ctx, "vq-rot", c.kernel == "fused")  # (tiles, size)
         peak = t.abs().amax(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)  # (tiles, 1)
-        rms = (tree_sum((t / peak).square()) / c.size).sqrt() * peak[:, 0]  # (tiles,); no overflow on the way
+        # the square root through fp64, rounded once to fp32: correctly rounded, as the device kernel's sqrt_rn (torch's
+        # fp32 sqrt on CPU is not, on some CPUs: the scale's last bit would depend on the machine)
+        rms = (tree_sum((t / peak).square()) / c.size).double().sqrt().float() * peak[:, 0]  # (tiles,); no overflow
         scale = rms.to(SCALE_DTYPES[c.scale])
         expect_finite(scale.float() * max_coord(c.dim, c.code_bits), ctx, FloatingPointError, message,
                       lambda: f" (max |x| {float(x.abs().max()):.4g})")  # the decoder's largest product
