@@ -68,69 +68,83 @@ def rne(q):
     return (q + 12582912.0) - 12582912.0
 
 
-@triton.jit(do_not_specialize=["rkey", "key", "slot"])  # a key that happens to be 1 must not become a constant
-def encode(x_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, slot, LAST: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
-           BITS: tl.constexpr, ROT: tl.constexpr, STOCH: tl.constexpr, BUMP: tl.constexpr,
-           INV: tl.constexpr, LOGN: tl.constexpr, FLAG: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+@triton.jit(do_not_specialize=["rkey", "key", "slot", "rows"])  # a key that happens to be 1 must not become a constant
+def encode(x_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, slot, rows, LAST: tl.constexpr, P: tl.constexpr,
+           N: tl.constexpr, BITS: tl.constexpr, ROT: tl.constexpr, STOCH: tl.constexpr, BUMP: tl.constexpr,
+           INV: tl.constexpr, LOGN: tl.constexpr, FLAG: tl.constexpr, R: tl.constexpr):
     col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N) positions in the row
-    valid = tl.broadcast_to((tl.arange(0, P) < LAST // N)[:, None], (P, N))  # whole tile rows: vector accesses
-    y = tl.load(x_ptr + row * LAST + col, mask=valid, other=0.0).to(tl.float32)  # (P, N)
-    bad = any_nonfinite(y)  # of x itself, before any arithmetic
-    if ROT:
-        y = y * INV
-        y = y * rot_signs(col, rkey)
-        y = butterfly(y, P, N, LOGN)
+    whole = tl.broadcast_to((tl.arange(0, P) < LAST // N)[:, None], (P, N))  # whole tile rows: vector accesses
     top: tl.constexpr = 2 ** (BITS - 1) - 1
     topf: tl.constexpr = 2.0 ** (BITS - 1) - 1.0
-    absmax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)  # the device's max drops NaNs: `bad` looked for them
-    if FLAG:  # flag = 1 where any input is NaN/Inf: the encoder's own input check
-        tl.atomic_max(flag_ptr + slot, 1, mask=bad)
-    scale = with_nan(cast(tl.math.div_rn(absmax, topf) * (1.0 + BUMP), scale_ptr.dtype.element_ty), bad)
-    tl.store(scale_ptr + row, scale)
-    s = scale.to(tl.float32)
-    q = tl.math.div_rn(y, tl.where(s > 0, s, 1.0))  # (P, N)
-    if STOCH:
-        u = (splitmix(row * LAST + col, key) >> 40).to(tl.float32) * (2.0 ** -24)  # ops/noise.py's uniform
-        q = tl.minimum(tl.maximum(tl.floor(q + u), -top), top)
+    if ROT:  # the same signs for every row of the tensor: R rows per program pay their hash once
+        signs = rot_signs(col, rkey)  # (P, N)
     else:
-        q = rne(q)
-    if BITS == 8:  # two's complement bytes
-        tl.store(codes_ptr + row * LAST + col, q.to(tl.int8), mask=valid)
-    else:  # 8 codes -> BITS bytes of one little-endian word, first code in the lowest bits
-        c = tl.reshape((q + top).to(tl.uint64), (P * N // 8, 8))  # (words, 8)
-        word = tl.sum(c << (tl.arange(0, 8) * BITS).to(tl.uint64)[None, :], axis=1)  # (words,)
-        j = tl.arange(0, 8)[None, :]
-        byte = ((word[:, None] >> (8 * j).to(tl.uint64)) & 0xFF).to(tl.uint8)  # (words, 8)
-        w = tl.arange(0, P * N // 8)[:, None]
-        tl.store(codes_ptr + row * (LAST * BITS // 8) + w * BITS + j, byte, mask=(j < BITS) & (w < LAST // 8))
+        signs = tl.full((P, N), 1.0, tl.float32)
+    for r in tl.static_range(R):
+        row = tl.program_id(0).to(tl.int64) * R + r
+        valid = whole & (tl.zeros((P, N), tl.int64) + row < rows)  # (P, N); rows past the end: none
+        y = tl.load(x_ptr + row * LAST + col, mask=valid, other=0.0).to(tl.float32)  # (P, N)
+        bad = any_nonfinite(y)  # of x itself, before any arithmetic
+        if ROT:
+            y = y * INV
+            y = y * signs
+            y = butterfly(y, P, N, LOGN)
+        absmax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)  # the device's max drops NaNs: `bad` looked for them
+        if FLAG:  # flag = 1 where any input is NaN/Inf: the encoder's own input check
+            tl.atomic_max(flag_ptr + slot, 1, mask=bad)
+        scale = with_nan(cast(tl.math.div_rn(absmax, topf) * (1.0 + BUMP), scale_ptr.dtype.element_ty), bad)
+        tl.store(scale_ptr + row, scale, mask=row < rows)
+        s = scale.to(tl.float32)
+        q = tl.math.div_rn(y, tl.where(s > 0, s, 1.0))  # (P, N)
+        if STOCH:
+            u = (splitmix(row * LAST + col, key) >> 40).to(tl.float32) * (2.0 ** -24)  # ops/noise.py's uniform
+            q = tl.minimum(tl.maximum(tl.floor(q + u), -top), top)
+        else:
+            q = rne(q)
+        if BITS == 8:  # two's complement bytes
+            tl.store(codes_ptr + row * LAST + col, q.to(tl.int8), mask=valid)
+        else:  # 8 codes -> BITS bytes of one little-endian word, first code in the lowest bits
+            c = tl.reshape((q + top).to(tl.uint64), (P * N // 8, 8))  # (words, 8)
+            word = tl.sum(c << (tl.arange(0, 8) * BITS).to(tl.uint64)[None, :], axis=1)  # (words,)
+            j = tl.arange(0, 8)[None, :]
+            byte = ((word[:, None] >> (8 * j).to(tl.uint64)) & 0xFF).to(tl.uint8)  # (words, 8)
+            w = tl.arange(0, P * N // 8)[:, None]
+            tl.store(codes_ptr + row * (LAST * BITS // 8) + w * BITS + j, byte,
+                     mask=(j < BITS) & (w < LAST // 8) & (w * 0 + row < rows))
 
 
-@triton.jit(do_not_specialize=["rkey", "slot"])
-def decode(codes_ptr, scale_ptr, out_ptr, flag_ptr, rkey, slot, LAST: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
-           BITS: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, LOGN: tl.constexpr, FLAG: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+@triton.jit(do_not_specialize=["rkey", "slot", "rows"])
+def decode(codes_ptr, scale_ptr, out_ptr, flag_ptr, rkey, slot, rows, LAST: tl.constexpr, P: tl.constexpr,
+           N: tl.constexpr, BITS: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, LOGN: tl.constexpr,
+           FLAG: tl.constexpr, R: tl.constexpr):
     col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N)
-    valid = tl.broadcast_to((tl.arange(0, P) < LAST // N)[:, None], (P, N))  # whole tile rows: vector accesses
+    whole = tl.broadcast_to((tl.arange(0, P) < LAST // N)[:, None], (P, N))  # whole tile rows: vector accesses
     top: tl.constexpr = 2 ** (BITS - 1) - 1
-    if BITS == 8:
-        q = tl.load(codes_ptr + row * LAST + col, mask=valid, other=0).to(tl.float32)  # (P, N)
+    if ROT:  # as in encode: the signs once per program
+        signs = rot_signs(col, rkey)  # (P, N)
     else:
-        j = tl.arange(0, 8)[None, :]
-        w = tl.arange(0, P * N // 8)[:, None]
-        byte = tl.load(codes_ptr + row * (LAST * BITS // 8) + w * BITS + j, mask=(j < BITS) & (w < LAST // 8),
-                       other=0)  # (words, 8)
-        word = tl.sum(byte.to(tl.uint64) << (8 * j).to(tl.uint64), axis=1)  # (words,)
-        c = (word[:, None] >> (j * BITS).to(tl.uint64)) & ((1 << BITS) - 1)  # (words, 8)
-        q = tl.reshape(c.to(tl.float32), (P, N)) - top
-    y = q * tl.load(scale_ptr + row).to(tl.float32)
-    if ROT:
-        y = butterfly(y * INV, P, N, LOGN)
-        y = y * rot_signs(col, rkey)
-    out = cast(y, out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * LAST + col, out, mask=valid)
-    if FLAG:  # flag = 1 where any output is NaN/Inf (in the output's dtype): the decode's own finiteness check
-        tl.atomic_max(flag_ptr + slot, 1, mask=any_nonfinite(tl.where(valid, out.to(tl.float32), 0.0)))
+        signs = tl.full((P, N), 1.0, tl.float32)
+    for r in tl.static_range(R):
+        row = tl.program_id(0).to(tl.int64) * R + r
+        valid = whole & (tl.zeros((P, N), tl.int64) + row < rows)  # (P, N); rows past the end: none
+        if BITS == 8:
+            q = tl.load(codes_ptr + row * LAST + col, mask=valid, other=0).to(tl.float32)  # (P, N)
+        else:
+            j = tl.arange(0, 8)[None, :]
+            w = tl.arange(0, P * N // 8)[:, None]
+            byte = tl.load(codes_ptr + row * (LAST * BITS // 8) + w * BITS + j,
+                           mask=(j < BITS) & (w < LAST // 8) & (w * 0 + row < rows), other=0)  # (words, 8)
+            word = tl.sum(byte.to(tl.uint64) << (8 * j).to(tl.uint64), axis=1)  # (words,)
+            c = (word[:, None] >> (j * BITS).to(tl.uint64)) & ((1 << BITS) - 1)  # (words, 8)
+            q = tl.reshape(c.to(tl.float32), (P, N)) - top
+        y = q * tl.load(scale_ptr + row, mask=row < rows, other=0.0).to(tl.float32)
+        if ROT:
+            y = butterfly(y * INV, P, N, LOGN)
+            y = y * signs
+        out = cast(y, out_ptr.dtype.element_ty)
+        tl.store(out_ptr + row * LAST + col, out, mask=valid)
+        if FLAG:  # flag = 1 where any output is NaN/Inf (in the output's dtype): the decode's own finiteness check
+            tl.atomic_max(flag_ptr + slot, 1, mask=any_nonfinite(tl.where(valid, out.to(tl.float32), 0.0)))
 
 
 @triton.jit(do_not_specialize=["n", "slot"])

@@ -1,7 +1,8 @@
 """Device kernels for symmetric per-row `int<b>` (b in 2..8), nearest or stochastic, with or without the Hadamard
 rotation: one Triton kernel for encode and one for decode, where the eager torch code takes 10-40 small kernels.
 
-Each program takes one row of the last dim as a (P, N) tile in registers, N the rotation block (or, without
+Each program takes one row of the last dim (or, with the rotation on a large tensor, ROWS_PER_PROGRAM rows one after
+the other, sharing the signs) as a (P, N) tile in registers, N the rotation block (or, without
 rotation, the largest power of two up to 256 that divides the row) and P the next power of two of row / N:
 - encode: read x once, [x / sqrt(N) * signs, butterfly], absmax, scale (rounded up to the scale dtype), divide,
   round (to nearest even, or floor(q + u) with ops/noise.py's counter-based u), bit-pack, write codes and scale;
@@ -87,19 +88,36 @@ def _kernels() -> ModuleType:
     return _triton_int_kernels
 
 
+ROWS_PER_PROGRAM = 1
+"""Rows one program takes with the rotation, when the tensor has at least SHARED_SIGNS_ROWS rows: the rotation's
+signs are the same for every row (one counter-based hash per position, three 64-bit multiplies), so a program that
+takes several rows computes them once, at the cost of more registers per thread (sm_90: 64 instead of 32 at 4 rows of
+2048, results/bench/ptxas/). 1 until a GPU measures more rows faster: `benchmarks/ops.py --rows-per-program 1
+--rows-per-program 4` times both in one run."""
+SHARED_SIGNS_ROWS = 4096
+"""Fewer rows than this keep one row per program: a grid of rows / 4 programs would leave SMs idle."""
+
+
 @functools.lru_cache(maxsize=1024)
-def _encode_plan(last: int, bits: int, scale_dtype: torch.dtype, rot: int, stoch: bool, check: bool) -> tuple[tuple, int]:
+def rows_per_program(rows: int, rot: int) -> int:
+    """How many rows each program of the encode and decode kernels takes."""
+    return ROWS_PER_PROGRAM if rot and rows >= SHARED_SIGNS_ROWS else 1
+
+
+@functools.lru_cache(maxsize=1024)
+def _encode_plan(last: int, bits: int, scale_dtype: torch.dtype, rot: int, stoch: bool, check: bool,
+                 r: int) -> tuple[tuple, int]:
     """(the encode kernel's constexprs, its warps): the same few per boundary, worked out once."""
     p, n = tile(last, rot)
     return (last, p, n, bits, bool(rot), stoch, ROUND_UP[scale_dtype], 1 / math.sqrt(n), n.bit_length() - 1,
-            check), _warps(p, n)
+            check, r), _warps(p, n)
 
 
 @functools.lru_cache(maxsize=1024)
-def _decode_plan(last: int, bits: int, rot: int, check: bool) -> tuple[tuple, int]:
+def _decode_plan(last: int, bits: int, rot: int, check: bool, r: int) -> tuple[tuple, int]:
     """(the decode kernel's constexprs, its warps)."""
     p, n = tile(last, rot)
-    return (last, p, n, bits, bool(rot), 1 / math.sqrt(n), n.bit_length() - 1, check), _warps(p, n)
+    return (last, p, n, bits, bool(rot), 1 / math.sqrt(n), n.bit_length() - 1, check, r), _warps(p, n)
 
 
 def sym_encode(x: Tensor, bits: int, scale_dtype: torch.dtype, rot: int = 0, rot_key: int = 0,
@@ -110,12 +128,13 @@ def sym_encode(x: Tensor, bits: int, scale_dtype: torch.dtype, rot: int = 0, rot
     of x is not finite (checked in the same pass)."""
     last = x.shape[-1]
     rows = x.numel() // last
-    consts, warps = _encode_plan(last, bits, scale_dtype, rot, key is not None, flag is not None)
+    r = rows_per_program(rows, rot)
+    consts, warps = _encode_plan(last, bits, scale_dtype, rot, key is not None, flag is not None, r)
     x = x.contiguous()
     codes = torch.empty(x.numel() * bits // 8, dtype=torch.int8 if bits == 8 else torch.uint8, device=x.device)
     scale = torch.empty(rows, dtype=scale_dtype, device=x.device)  # (rows,)
-    launch(_kernels().encode, rows, (x, codes, scale, flag.buf if flag else scale),
-           (rot_key, key or 0, flag.index if flag else 0), consts, warps)
+    launch(_kernels().encode, -(-rows // r), (x, codes, scale, flag.buf if flag else scale),
+           (rot_key, key or 0, flag.index if flag else 0, rows), consts, warps)
     return codes.view(torch.uint8), scale
 
 
@@ -124,9 +143,11 @@ def sym_decode(codes: Tensor, scale: Tensor, shape: tuple[int, ...], dtype: torc
     """Inverse of sym_encode: the tensor of `shape` in `dtype` from codes and per-row scales; with `flag`, the kernel
     also sets it where an output value is not finite (checked in the same pass)."""
     out = torch.empty(shape, dtype=dtype, device=codes.device)
-    consts, warps = _decode_plan(shape[-1], bits, rot, flag is not None)
-    launch(_kernels().decode, out.numel() // shape[-1], (codes.view(torch.int8) if bits == 8 else codes, scale, out,
-                                                         flag.buf if flag else out), (rot_key, flag.index if flag else 0),
+    rows = out.numel() // shape[-1]
+    r = rows_per_program(rows, rot)
+    consts, warps = _decode_plan(shape[-1], bits, rot, flag is not None, r)
+    launch(_kernels().decode, -(-rows // r), (codes.view(torch.int8) if bits == 8 else codes, scale, out,
+                                              flag.buf if flag else out), (rot_key, flag.index if flag else 0, rows),
            consts, warps)
     return out
 

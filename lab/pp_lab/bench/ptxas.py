@@ -133,7 +133,14 @@ def main() -> None:
     ap.add_argument("--dtype", action="append", choices=list(DTYPES), default=None, help="default: fp32 and bf16")
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, help="default: 8x1024x2048")
     ap.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
+    ap.add_argument("--rows-per-program", type=int, default=None,
+                    help="rows per program of the rotated int kernels (triton_int.ROWS_PER_PROGRAM; default: the library's)")
     args = ap.parse_args()
+    if args.rows_per_program is not None:
+        if args.rows_per_program < 1:
+            ap.error(f"--rows-per-program {args.rows_per_program}; accepted: an integer >= 1")
+        triton_int.ROWS_PER_PROGRAM = args.rows_per_program
+        triton_int.rows_per_program.cache_clear()
     import triton
 
     ptxas = ptxas_path()

@@ -49,6 +49,29 @@ def test_the_device_kernels_are_the_eager_reference_bitwise(spec, dtype, interpr
     assert checked >= 2  # every spec meets at least two of the shapes
 
 
+@pytest.mark.parametrize("spec", ["int8:rot", "int3:rot:stoch", "int4", "int8:scale=fp16"])
+def test_a_program_that_takes_several_rows_gives_the_same_bits(spec, interpreted, monkeypatch):
+    """Several rows per program (the rotation's signs computed once for them), the last program's rows partly past
+    the end: the eager reference's bits still."""
+    monkeypatch.setattr(triton_int, "rows_per_program", lambda rows, rot: 3)
+    eager, op = ppc.build(f"{spec}:kernel=eager"), ppc.build(spec)
+    for shape in [(2, 3, 576), (4, 512), (1, 24)]:  # 6, 4 and 1 rows: whole, part and mostly empty programs
+        n = op.config.rot_block(shape, "test")
+        if triton_int.supports(shape[-1], op.config.bits, n):
+            assert_matches_reference(op, eager, sample(shape, torch.bfloat16), ppc.Context(step=3, micro_batch=1))
+
+
+def test_rows_per_program(monkeypatch):
+    monkeypatch.setattr(triton_int, "ROWS_PER_PROGRAM", 4)
+    triton_int.rows_per_program.cache_clear()
+    try:
+        assert triton_int.rows_per_program(8 * 1024, 128) == 4  # a training tensor, rotated
+        assert triton_int.rows_per_program(8 * 1024, 0) == 1  # no signs to share
+        assert triton_int.rows_per_program(16, 128) == 1  # an inference message: every row its own program
+    finally:
+        triton_int.rows_per_program.cache_clear()
+
+
 def test_which_rows_the_kernels_take():
     assert triton_int.supports(576, 8, 64) and triton_int.supports(576, 4, 0) and triton_int.supports(37, 8, 0)
     assert not triton_int.supports(36, 4, 0)  # 36 codes of 4 bits: rows are not whole words of 8 codes
@@ -151,14 +174,16 @@ import math
 from pp_compress.ops import _triton_int_kernels as K
 from pp_compress.ops.triton_int import tile, _warps
 from tests.unit.ops.interpreted import hopper_ptx
-for dtype, bits, rot, stoch, last in [("fp32", 8, 256, False, 2048), ("bf16", 8, 0, True, 576), ("fp16", 4, 64, True, 576),
-                                      ("bf16", 3, 0, False, 40)]:
+for dtype, bits, rot, stoch, last, r in [("fp32", 8, 256, False, 2048, 4), ("bf16", 8, 128, False, 2048, 4),
+                                         ("bf16", 8, 0, True, 576, 1), ("fp16", 4, 64, True, 576, 4), ("bf16", 3, 0, False, 40, 1)]:
     p, n = tile(last, rot)
-    const = {"LAST": last, "P": p, "N": n, "BITS": bits, "ROT": bool(rot), "INV": 1 / math.sqrt(n), "LOGN": n.bit_length() - 1}
+    const = {"LAST": last, "P": p, "N": n, "BITS": bits, "ROT": bool(rot), "INV": 1 / math.sqrt(n), "LOGN": n.bit_length() - 1,
+             "R": r}
     codes = "*i8" if bits == 8 else "*u8"
     enc = {"x_ptr": f"*{dtype}", "codes_ptr": codes, "scale_ptr": "*bf16", "flag_ptr": "*i32", "rkey": "i64", "key": "i64",
-           "slot": "i32"}
-    dec = {"codes_ptr": codes, "scale_ptr": "*bf16", "out_ptr": f"*{dtype}", "flag_ptr": "*i32", "rkey": "i64", "slot": "i32"}
+           "slot": "i32", "rows": "i32"}
+    dec = {"codes_ptr": codes, "scale_ptr": "*bf16", "out_ptr": f"*{dtype}", "flag_ptr": "*i32", "rkey": "i64", "slot": "i32",
+           "rows": "i32"}
     ptx = hopper_ptx(K.encode, enc, {**const, "STOCH": stoch, "BUMP": 2.0**-7, "FLAG": True}, _warps(p, n))
     assert last < 576 or "ld.global.v4" in ptx, (dtype, bits)  # vector loads of x
     hopper_ptx(K.decode, dec, {**const, "FLAG": True}, _warps(p, n))
