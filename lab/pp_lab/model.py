@@ -329,7 +329,7 @@ class Block(_Loadable):
 
     def _bottleneck(self, cfg: GPTConfig, bases: dict[int, Basis]) -> None:
         """The encoder of the boundary after this block and the decoder of the one before it, where they exist;
-        `bases` maps a cut to its (mu, U), else a seeded random basis (a checkpoint then sets the weights)."""
+        `bases` maps a cut to its basis (mu, W_e, W_d), else a seeded random one (a checkpoint then sets the weights)."""
         seq_dim = 0 if cfg.layout == "sbh" else 1
         k, i = cfg.bottleneck, self.index
 
@@ -461,7 +461,7 @@ def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
 # --- whole models ---------------------------------------------------------------------------------
 def layers(cfg: GPTConfig, checkpoint: str | Path | None = None, bases: dict[int, Basis] | None = None) -> list[nn.Module]:
     """The layer list in one process; with tied embeddings the last entry reuses the first. `bases`: the bottleneck's
-    initial (mu, U) per cut (pp_lab.bottleneck.calibrate)."""
+    initial basis per cut (pp_lab.bottleneck.calibrate, calibrate_fisher)."""
     emb = Embedding(cfg, checkpoint)
     out: list[nn.Module] = [emb, *(Block(cfg, i, checkpoint, bases) for i in range(cfg.n_layer)), Head(cfg, checkpoint)]
     if cfg.tie_embeddings:

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from pp_lab.bottleneck import INITS, Basis, Decoder, Encoder, calibrate, fixed_basis
-from pp_lab.model import GPT, GPTConfig, stage_cuts
+from pp_lab.bottleneck import FROM_DATA, INITS, Basis, Decoder, Encoder, calibrate, calibrate_fisher, fixed_basis
+from pp_lab.model import GPT, GPTConfig, lm_loss, stage_cuts
 from pp_lab.paths import CONFIGS
 
 
@@ -78,11 +78,15 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
                          "as K coordinates per token (then through --pp-compress) plus the first tokens in full")
     ap.add_argument("--bottleneck-init", choices=INITS, default=None,
                     help="pca: the boundary's principal subspace on calibration text (the default from a pretrained "
+                         "checkpoint); fisher: the subspace weighted by the loss's gradient there (a pretrained "
                          "checkpoint); random: a seeded orthonormal basis (the default from scratch); identity")
     ap.add_argument("--bottleneck-sink", type=int, default=1, help="leading tokens that cross in full (attention sink)")
     ap.add_argument("--bottleneck-group", type=int, default=1,
                     help="tokens whose codes share one row on the wire (e.g. d / K: rows as wide as the hidden state)")
-    ap.add_argument("--bottleneck-calib", type=int, default=24, help="training sequences the pca init is computed on")
+    ap.add_argument("--bottleneck-calib", type=int, default=24, help="training sequences the pca or fisher init is "
+                                                                         "computed on")
+    ap.add_argument("--bottleneck-fisher-damping", type=float, default=1.0, metavar="F",
+                    help="fisher init: the gradient's second moment plus F times its mean eigenvalue (large F: pca)")
     ap.add_argument("--bottleneck-frozen", action="store_true",
                     help="keep the encoders and decoders at their initialisation (a fixed subspace)")
     ap.add_argument("--bottleneck-lr-scale", type=float, default=1.0, metavar="F",
@@ -159,9 +163,12 @@ def param_groups(module: nn.Module, lr: float, bottleneck_scale: float) -> list[
 def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | Path | None,
                     train_ds: Any) -> tuple[GPTConfig, dict[int, Basis] | None]:
     """The model config with --bottleneck at the pipeline's cuts, and the bases its encoders and decoders start from
-    (None: seeded random ones). The pca init runs the checkpoint's model in this process on the first
+    (None: seeded random ones). The pca and fisher inits run the checkpoint's model in this process on the first
     --bottleneck-calib training sequences; call it before seeding the weights (it draws random numbers)."""
     if args.bottleneck is None:
+        if args.bottleneck_fisher_damping != 1.0:
+            raise SystemExit(f"--bottleneck-fisher-damping {args.bottleneck_fisher_damping} without --bottleneck: "
+                             "there is no bottleneck to initialise")
         if args.bottleneck_lr_scale != 1.0:
             raise SystemExit(f"--bottleneck-lr-scale {args.bottleneck_lr_scale} without --bottleneck: there is no "
                              "bottleneck to train")
@@ -170,16 +177,25 @@ def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | 
     cfg = dataclasses.replace(cfg, bottleneck=args.bottleneck, bottleneck_after=cuts, bottleneck_sink=args.bottleneck_sink,
                               bottleneck_group=args.bottleneck_group, bottleneck_trainable=not args.bottleneck_frozen)
     how = args.bottleneck_init or ("pca" if checkpoint is not None else "random")
-    if how != "pca":
+    if args.bottleneck_fisher_damping != 1.0 and how != "fisher":
+        raise SystemExit(f"--bottleneck-fisher-damping {args.bottleneck_fisher_damping} with --bottleneck-init {how}: "
+                         "it applies to --bottleneck-init fisher only")
+    if not args.bottleneck_fisher_damping > 0:
+        raise SystemExit(f"--bottleneck-fisher-damping {args.bottleneck_fisher_damping}; accepted: a number > 0")
+    if how not in FROM_DATA:
         return cfg, {c: fixed_basis(cfg.d_model, args.bottleneck, how, cfg.subspace_seed + c) for c in cuts}
     if checkpoint is None:
-        raise SystemExit("--bottleneck-init pca needs a pretrained --checkpoint (a model trained from scratch has no "
+        raise SystemExit(f"--bottleneck-init {how} needs a pretrained --checkpoint (a model trained from scratch has no "
                          "subspace yet); accepted without one: random, identity")
     plain = GPT(dataclasses.replace(cfg, bottleneck=None, bottleneck_after=()), checkpoint).eval()
-    ids = train_ds.with_format("torch", columns=["input_ids"])[: args.bottleneck_calib]["input_ids"]  # (N, T)
-    bases = calibrate(list(plain.layers), cuts, args.bottleneck, args.bottleneck_sink, ids.split(4),
-                      seq_dim=0 if cfg.layout == "sbh" else 1)
-    return cfg, bases
+    calib = train_ds.with_format("torch", columns=["input_ids", "labels"])[: args.bottleneck_calib]
+    seq_dim = 0 if cfg.layout == "sbh" else 1
+    if how == "pca":
+        return cfg, calibrate(list(plain.layers), cuts, args.bottleneck, args.bottleneck_sink,
+                              calib["input_ids"].split(4), seq_dim=seq_dim)
+    return cfg, calibrate_fisher(list(plain.layers), cuts, args.bottleneck, args.bottleneck_sink,
+                                 zip(calib["input_ids"].split(4), calib["labels"].split(4)), lm_loss,
+                                 args.bottleneck_fisher_damping, seq_dim=seq_dim)
 
 
 def config_path(args: argparse.Namespace) -> Path:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import pp_compress as ppc
-from pp_lab.bottleneck import Decoder, Encoder, calibrate, fixed_basis
-from pp_lab.model import GPT, Block, GPTConfig
+from pp_lab.bottleneck import Decoder, Encoder, calibrate, calibrate_fisher, fixed_basis
+from pp_lab.model import GPT, Block, GPTConfig, lm_loss
 
 CFG = GPTConfig.preset("tiny", vocab_size=256)  # 4 blocks, d = 64
 
@@ -53,13 +53,13 @@ def test_the_pca_init_starts_at_the_projection_onto_the_principal_subspace():
     plain = GPT(CFG)
     ids = torch.randint(0, 256, (8, 16))
     bases = calibrate(list(plain.layers), [1], 64, 1, ids.split(4))
-    mu, u = bases[1]
-    assert u.shape == (64, 64) and torch.allclose(u.T @ u, torch.eye(64), atol=1e-5)
+    mu, enc, u = bases[1]
+    assert u.shape == (64, 64) and torch.allclose(u.T @ u, torch.eye(64), atol=1e-5) and torch.equal(enc, u.T)
     torch.manual_seed(0)
     full = GPT(bottlenecked(64), bases=bases)  # k = d: the projection is the identity up to rounding
     assert torch.allclose(plain(ids), full(ids), atol=1e-4)
     k8 = calibrate(list(plain.layers), [1], 8, 1, ids.split(4))[1]
-    assert torch.allclose(k8[1], u[:, :8], atol=1e-4) or torch.allclose(k8[1].abs(), u[:, :8].abs(), atol=1e-4)
+    assert torch.allclose(k8[2], u[:, :8], atol=1e-4) or torch.allclose(k8[2].abs(), u[:, :8].abs(), atol=1e-4)
 
 
 def test_a_frozen_bottleneck_does_not_train_and_a_bad_config_names_the_accepted_values():
@@ -69,7 +69,7 @@ def test_a_frozen_bottleneck_does_not_train_and_a_bad_config_names_the_accepted_
         dataclasses.replace(CFG, bottleneck=8, bottleneck_after=(3,))
     with pytest.raises(ValueError, match="bottleneck=65; accepted: None or an integer in 1..d_model=64"):
         dataclasses.replace(CFG, bottleneck=65, bottleneck_after=(1,))
-    with pytest.raises(ValueError, match="expected \\(64,\\), \\(64, 8\\)"):
+    with pytest.raises(ValueError, match="expected \\(64,\\), \\(8, 64\\), \\(64, 8\\)"):
         Encoder(64, 8, 1, 1, fixed_basis(64, 4, "random", 0), True)
     with pytest.raises(ValueError, match="needs data"):
         fixed_basis(64, 8, "pca", 0)
@@ -91,8 +91,47 @@ def test_the_code_goes_through_a_codec_in_process():
 
 
 def test_decoder_and_encoder_round_trip_a_subspace_exactly():
-    mu, u = fixed_basis(32, 8, "random", 3)
-    enc, dec = Encoder(32, 8, 1, 1, (mu, u), True, group=5), Decoder(32, 8, 1, (mu, u), True, group=5)
+    basis = fixed_basis(32, 8, "random", 3)
+    u = basis[2]
+    enc, dec = Encoder(32, 8, 1, 1, basis, True, group=5), Decoder(32, 8, 1, basis, True, group=5)
     h = torch.randn(2, 5, 32)
     h[:, 1:] = h[:, 1:] @ u @ u.T  # already in the subspace: nothing is lost but rounding
     assert torch.allclose(dec(*enc(h)), h, atol=1e-5)
+
+
+def test_the_fisher_init_is_an_oblique_projection_that_loses_less_loss_weighted_error():
+    torch.manual_seed(0)
+    plain = GPT(CFG)
+    ids = torch.randint(0, 256, (8, 16))
+    batches = list(zip(ids.split(4), torch.roll(ids, -1, 1).split(4)))
+    mu, enc, dec = calibrate_fisher(list(plain.layers), [1], 8, 1, batches, lm_loss)[1]
+    assert enc.shape == (8, 64) and dec.shape == (64, 8)
+    assert torch.allclose(enc @ dec, torch.eye(8), atol=1e-4)  # W_d W_e is a projection: W_e W_d = I
+    assert all(p.requires_grad for p in plain.parameters())  # the model's own flags are back
+    # huge damping: F is a multiple of I, and the subspace is the principal one
+    pca = calibrate(list(plain.layers), [1], 8, 1, ids.split(4))[1]
+    _, enc_big, dec_big = calibrate_fisher(list(plain.layers), [1], 8, 1, batches, lm_loss, damping=1e9)[1]
+    proj = lambda e, d: d @ e  # noqa: E731 (d, d)
+    assert torch.allclose(proj(enc_big, dec_big), proj(pca[1], pca[2]), atol=1e-3)
+    # on the calibration data it keeps the loss-weighted error below the principal subspace's
+    hs, gs = [], []
+    for x, y in batches:
+        h = plain.layers[2](plain.layers[1](plain.layers[0](x)))  # after block 1 (layer 0 is the embedding)
+        h = (h[0] if isinstance(h, tuple) else h).detach().requires_grad_(True)
+        out = h
+        for layer in list(plain.layers)[3:]:
+            out = layer(out)
+        (lm_loss(out, y) * y.numel()).backward()
+        hs.append(h.detach()[:, 1:].reshape(-1, 64).double())
+        gs.append(h.grad[:, 1:].reshape(-1, 64).double())
+    h, g = torch.cat(hs), torch.cat(gs)
+    fisher = g.T @ g / g.shape[0]
+    fisher = fisher + fisher.diagonal().mean() * torch.eye(64, dtype=fisher.dtype)  # damping 1, as the default
+
+    def weighted(e, d, m):
+        err = (h - m.double()) - (h - m.double()) @ e.double().T @ d.double().T  # (N, d)
+        return float(((err @ fisher) * err).sum(1).mean())
+
+    assert weighted(enc, dec, mu) < weighted(pca[1], pca[2], pca[0])
+    with pytest.raises(ValueError, match="fisher damping 0; accepted: a number > 0"):
+        calibrate_fisher(list(plain.layers), [1], 8, 1, batches, lm_loss, damping=0)

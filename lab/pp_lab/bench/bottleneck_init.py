@@ -8,18 +8,26 @@ full, d / k tokens' codes to a row), evaluated on held-out sequences in one proc
 codec on the codes and through each codec (the in-process boundary, pp_compress.insert_boundaries), next to the
 model without a bottleneck in the same run. A second table gives each codec's bits per element of the dense fp32
 tensor from its exact wire layout, with the codes in rows of k values and in rows of d.
+
+    python benchmarks/bottleneck_init.py --init pca --init fisher --fisher-damping 1 --per-cut --codec int8:rot \
+        --out results/bench/bottleneck_init_fisher_smollm2.md
+
+compares the inits (pp_lab/bottleneck.py: the principal subspace, and the loss-weighted one at each damping), and
+with --per-cut also gives each cut's bottleneck alone (no codec), the other cuts left as they are.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
+import sys
 from pathlib import Path
 
 import torch
 
 import pp_compress as ppc
 from pp_lab import data
-from pp_lab.bottleneck import calibrate
+from pp_lab.bottleneck import FROM_DATA, calibrate, calibrate_fisher
 from pp_lab.convert import DEFAULT_OUT
 from pp_lab.model import GPT, GPTConfig, lm_loss, stage_cuts
 from pp_lab.paths import BENCH
@@ -31,33 +39,51 @@ def main() -> None:
     ap.add_argument("--k", type=int, action="append", default=None, help="code widths (default 288, 144, 72, 36)")
     ap.add_argument("--codec", action="append", default=None, help="specs on the codes (default int8:rot, vq:4)")
     ap.add_argument("--sequences", type=int, default=16, help="held-out sequences of 128 tokens evaluated")
+    ap.add_argument("--init", action="append", choices=FROM_DATA, default=None, help="default: pca")
+    ap.add_argument("--fisher-damping", type=float, action="append", default=None, help="fisher: each (default 1)")
+    ap.add_argument("--per-cut", action="store_true", help="also each cut's bottleneck alone (no codec)")
     ap.add_argument("--out", type=Path, default=BENCH / "bottleneck_init_smollm2.md")
     args = ap.parse_args()
+    if args.fisher_damping and "fisher" not in (args.init or []):
+        ap.error(f"--fisher-damping {args.fisher_damping} applies to --init fisher only")
+    if any(not d > 0 for d in args.fisher_damping or []):
+        ap.error(f"--fisher-damping {args.fisher_damping}; accepted: numbers > 0")
     torch.set_num_threads(1)
     ks, codecs = args.k or [288, 144, 72, 36], args.codec or ["int8:rot", "vq:4"]
+    inits = [(how, d) for how in args.init or ["pca"] for d in ((args.fisher_damping or [1.0]) if how == "fisher" else [None])]
     cfg = GPTConfig.from_hf(args.checkpoint)
     tok = data.load_tokenizer(str(args.checkpoint))
     train_ds, val_ds = data.lm_datasets(data.corpus_files("austen"), tok, 128, 0.05)
-    calib = train_ds.with_format("torch", columns=["input_ids"])[:24]["input_ids"].split(4)  # 24 x (128,)
+    calib = train_ds.with_format("torch", columns=["input_ids", "labels"])[:24]  # 24 x (128,)
     val = val_ds.with_format("torch", columns=["input_ids", "labels"])[: args.sequences]
     plain = GPT(cfg, args.checkpoint).eval()
     cuts = tuple(int(c) - 1 for c in stage_cuts(cfg, 4))
+
+    def loss_with(k: int, at: tuple[int, ...], bases: dict, codec: str) -> float:
+        bn = dataclasses.replace(cfg, bottleneck=k, bottleneck_after=at, bottleneck_group=cfg.d_model // k)
+        model = GPT(bn, args.checkpoint, {c: bases[c] for c in at}).eval()
+        if codec != "none":
+            ppc.insert_boundaries(model, after=[c + 1 for c in at], cfg=f"{codec},min_numel=0", blocks=model.layers)
+            model.eval()
+        with torch.no_grad():
+            return float(lm_loss(model(val["input_ids"]), val["labels"])) - base
+
     with torch.no_grad():
         base = float(lm_loss(plain(val["input_ids"]), val["labels"]))
-        rows = []
-        for k in ks:
-            bn = dataclasses.replace(cfg, bottleneck=k, bottleneck_after=cuts, bottleneck_group=cfg.d_model // k)
-            bases = calibrate(list(plain.layers), cuts, k, 1, calib)
-            losses = []
-            for codec in ["none", *codecs]:
-                model = GPT(bn, args.checkpoint, bases).eval()
-                if codec != "none":
-                    ppc.insert_boundaries(model, after=[c + 1 for c in cuts], cfg=f"{codec},min_numel=0",
-                                          blocks=model.layers)
-                    model.eval()
-                losses.append(float(lm_loss(model(val["input_ids"]), val["labels"])) - base)
-                print(f"k={k} {codec}: {losses[-1]:+.3f}", flush=True)
-            rows.append(f"| {k} | " + " | ".join(f"{x:+.3f}" for x in losses) + " |")
+    rows = []
+    for k in ks:
+        for how, damping in inits:
+            if how == "pca":
+                bases = calibrate(list(plain.layers), cuts, k, 1, calib["input_ids"].split(4))
+            else:
+                bases = calibrate_fisher(list(plain.layers), cuts, k, 1, zip(calib["input_ids"].split(4),
+                                                                               calib["labels"].split(4)), lm_loss, damping)
+            name = how if damping is None else f"fisher, damping {damping:g}"
+            losses = [loss_with(k, cuts, bases, codec) for codec in ["none", *codecs]]
+            if args.per_cut:
+                losses += [loss_with(k, (c,), bases, "none") for c in cuts]
+            print(f"k={k} {name}: " + " ".join(f"{x:+.3f}" for x in losses), flush=True)
+            rows.append(f"| {k} | {name} | " + " | ".join(f"{x:+.3f}" for x in losses) + " |")
     bits = []
     for codec in codecs:
         op = ppc.build(codec)
@@ -65,13 +91,15 @@ def main() -> None:
                  for k in ks for w in (k, cfg.d_model)]
         bits.append(f"| `{codec}` | " + " | ".join(f"{b:.2f}" for b in cells) + " |")
     lines = ["# A learned bottleneck on SmolLM2-135M before training", "",
-             f"Command: `python benchmarks/bottleneck_init.py` ({args.sequences} held-out sequences of 128 tokens of "
+             f"Command: `{shlex.join(['python', 'benchmarks/bottleneck_init.py', *sys.argv[1:]])}` "
+             f"({args.sequences} held-out sequences of 128 tokens of "
              f"Austen, cuts after blocks {', '.join(str(c + 1) for c in cuts)}, all replaced at once; the model without "
              f"a bottleneck: {base:.3f}).", "",
              "Validation loss minus the model's without a bottleneck (in process the sink token passes exactly; a "
              "pipeline sends it through the codec too):", "",
-             "| k | no codec | " + " | ".join(f"`{c}` on the codes" for c in codecs) + " |",
-             "|---|" + "---|" * (1 + len(codecs)), *rows, "",
+             "| k | init | no codec | " + " | ".join(f"`{c}` on the codes" for c in codecs)
+             + "".join(f" | block {c + 1}'s cut alone" for c in cuts if args.per_cut) + " |",
+             "|---|---|" + "---|" * (1 + len(codecs) + (len(cuts) if args.per_cut else 0)), *rows, "",
              "Bits per element of the dense fp32 tensor (the codes of 128 tokens of 4 sequences; the sink token not "
              "counted), codes in rows of k or of d = 576:", "",
              "| codec | " + " | ".join(f"k={k}, rows of {w}" for k in ks for w in (k, cfg.d_model)) + " |",
