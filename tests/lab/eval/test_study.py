@@ -96,3 +96,25 @@ def test_every_auto_run_is_in_its_protocols_order_once() -> None:
     for protocol, runs in (("long", study.AUTO_LONG), ("smollm2", study.AUTO_SMOLLM2)):
         order = study.PROTOCOLS[protocol][0]
         assert all(order.count(name) == 1 for name in runs)
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    """The last value given to `name` (the recipe's argparse keeps the last one)."""
+    at = [i for i, a in enumerate(args) if a == name]
+    return args[at[-1] + 1] if at else None
+
+
+def test_every_bottleneck_row_runs_once_with_its_variant():
+    order, _ = study.PROTOCOLS["smollm2"]
+    rows = [n for n in order if n.startswith("sm-bn")]
+    assert len(rows) == len(set(rows)) == len(study.BOTTLENECK_ORDER)
+    for name in rows:
+        recipe, nproc, args, spec = study.job(name, "smollm2")
+        assert recipe == "finetune.py" and nproc == 4 and spec == study.SMOLLM2[name]
+        k = int(name.split("-")[1][2:])
+        assert _flag(args, "--bottleneck") == str(k) and _flag(args, "--bottleneck-group") == str(576 // k)
+        assert (_flag(args, "--bottleneck-init") == "fisher") == ("-fisher-" in name)
+        assert ("--bottleneck-frozen" in args) == ("-frozen-" in name)
+        assert _flag(args, "--steps") == ("600" if "-long-" in name else "200")
+        assert "--eval-at-start" in args
+    assert rows[-1] == "sm-bn288-long-vq4"  # longer than a session: last
