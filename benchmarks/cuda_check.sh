@@ -7,7 +7,7 @@
 # 2. benchmarks/ops.py: each preset codec's encode and decode time (CUDA events) next to copy_, its break-even link
 #    bandwidth, at a Megatron-sized activation (8x1024x2048) and an inference message (16 tokens x 576), fp32 and bf16;
 #    the device kernels (ops/triton_int.py, triton_nf.py, triton_vq.py) next to the eager reference (:kernel=eager);
-#    the rotated int kernels with 1, 2 and 4 rows per program (triton_int.ROWS_PER_PROGRAM: the signs shared);
+#    the rotated int and vq kernels with 1, 2 and 4 rows per program (triton_int.ROWS_PER_PROGRAM: the signs shared);
 # 3. benchmarks/vq_search.py: vq's device encoder with its pruned search next to the exhaustive one, and its parts;
 #    benchmarks/codec_profile.py: kernels launched and host synchronizations per encode + decode round;
 # 4. benchmarks/host_overhead.py: the host's µs per encode / decode call, back-to-back rounds next to copy_, and a
@@ -42,7 +42,7 @@ step 100 python3 benchmarks/ops.py --device cuda --spec bf16 --spec int8 --spec 
     --spec int8:rot:kernel=eager --spec int4:rot --spec int3:stoch --spec nf6 --spec nf6:kernel=eager --spec vq:4 \
     --spec vq:4:kernel=eager --spec vq:3 --shape 8x1024x2048 --shape 1x16x576 --dtype fp32 --dtype bf16 --reps 20 \
     --out "$out/ops_cuda"
-step 40 python3 benchmarks/ops.py --device cuda --spec int8:rot --spec int4:rot --shape 8x1024x2048 --dtype fp32 \
+step 50 python3 benchmarks/ops.py --device cuda --spec int8:rot --spec int4:rot --spec vq:4 --shape 8x1024x2048 --dtype fp32 \
     --dtype bf16 --reps 20 --rows-per-program 1 --rows-per-program 2 --rows-per-program 4 --out "$out/ops_rows_per_program"
 step 45 python3 benchmarks/vq_search.py --parts --spec vq:4 --spec vq:3 --shape 8x1024x2048 --shape 16x576 --reps 10 \
     --out "$out/vq_search_cuda.md"

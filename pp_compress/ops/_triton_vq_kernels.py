@@ -40,48 +40,59 @@ def nearer(v, cb_ptr, i, DIM: tl.constexpr, best, code):
     return tl.where(closer, d, best), tl.where(closer, i, code)
 
 
-@triton.jit(do_not_specialize=["rkey", "slot_in", "slot_ovf"])
-def prepare(x_ptr, v_ptr, scale_ptr, vals_ptr, pos_ptr, flag_in_ptr, flag_ovf_ptr, rkey, slot_in, slot_ovf,
+@triton.jit(do_not_specialize=["rkey", "slot_in", "slot_ovf", "rows"])
+def prepare(x_ptr, v_ptr, scale_ptr, vals_ptr, pos_ptr, flag_in_ptr, flag_ovf_ptr, rkey, slot_in, slot_ovf, rows,
             D: tl.constexpr, TPR: tl.constexpr, T: tl.constexpr, S: tl.constexpr, LOGS: tl.constexpr,
-            CBMAX: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, FLAG_IN: tl.constexpr):
-    """One row: its pivots, rotation, per-tile scales and checks, and its tiles divided by their scales, written to
-    v (rows, TPR * S) fp32 for `search`."""
-    row = tl.program_id(0).to(tl.int64)
+            CBMAX: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, FLAG_IN: tl.constexpr,
+            R: tl.constexpr):
+    """R rows, one after the other: each one's pivots, rotation, per-tile scales and checks, and its tiles divided by
+    their scales, written to v (rows, TPR * S) fp32 for `search`. The rotation's signs are the same for every row:
+    computed once for the R rows."""
     t = tl.arange(0, T)[:, None]  # (T, 1) tiles of the row
     col = t * S + tl.arange(0, S)[None, :]  # (T, S) positions in the row, padded to whole tiles
-    y = tl.load(x_ptr + row * D + col, mask=col < D, other=0.0).to(tl.float32)  # (T, S)
-    bad = any_nonfinite(y)
-    # pivots: the K largest |values|, the lowest position first among equals, NaN above all (ops/pivoted.py's `split`,
-    # argmax's order): compared as the integers of their bits, which order non-negative floats and put NaN above Inf
-    bits = y.to(tl.int32, bitcast=True)  # (T, S)
-    a = tl.where(col < D, bits & 0x7FFFFFFF, -1)  # (T, S): |y|'s bits, -1 for padding and pivots taken
-    for j in tl.static_range(K):
-        top = tl.max(tl.max(a, axis=1), axis=0)
-        p = tl.min(tl.min(tl.where(a == top, col, T * S), axis=1), axis=0)
-        here = col == p  # (T, S)
-        v = tl.max(tl.max(tl.where(here, bits, -2147483648), axis=1), axis=0)  # y[p]'s bits, a NaN's and -0's too
-        tl.store(vals_ptr + row * K + j, v.to(tl.float32, bitcast=True).to(vals_ptr.dtype.element_ty))
-        tl.store(pos_ptr + row * K + j, p.to(tl.int16))
-        a = tl.where(here, -1, a)
-        y = tl.where(here, 0.0, y)
-    rest = any_nonfinite(y)  # a NaN/Inf left in a tile makes its scale NaN in the reference
     if ROT:
-        y = y * INV
-        y = y * rot_signs(col, rkey)
-        y = butterfly(y, T, S, LOGS)
-    # per tile: RMS scale, computed as (y / peak)^2 summed, / S, sqrt, * peak (no overflow on the way)
-    peak = tl.maximum(tl.max(tl.abs(y), axis=1), 1.1754943508222875e-38)  # (T,) clamped to fp32's tiny
-    r = tl.math.div_rn(y, peak[:, None])
-    rms = tl.math.sqrt_rn(tl.math.div_rn(tree_sum(r * r, T, S, LOGS), S * 1.0)) * peak  # (T,)
-    scale = cast(rms, scale_ptr.dtype.element_ty)
-    tl.store(scale_ptr + row * TPR + tl.arange(0, T), scale, mask=tl.arange(0, T) < TPR)
-    s = scale.to(tl.float32)
-    if FLAG_IN:  # x itself holds NaN/Inf: the compressor's input check
-        tl.atomic_max(flag_in_ptr + slot_in, 1, mask=bad)
-    ovf = rest | any_nonfinite(tl.reshape(s * CBMAX, (1, T)))  # the decoder's largest product overflows
-    tl.atomic_max(flag_ovf_ptr + slot_ovf, 1, mask=ovf)
-    y = tl.math.div_rn(y, tl.where(s > 0, s, 1.0)[:, None])
-    tl.store(v_ptr + row * (TPR * S) + col, y, mask=t < TPR)
+        signs = rot_signs(col, rkey)  # (T, S)
+    else:
+        signs = tl.full((T, S), 1.0, tl.float32)
+    for r in tl.static_range(R):
+        row = tl.program_id(0).to(tl.int64) * R + r
+        live = tl.zeros((T, S), tl.int64) + row < rows  # (T, S): false past the last row
+        y = tl.load(x_ptr + row * D + col, mask=(col < D) & live, other=0.0).to(tl.float32)  # (T, S)
+        bad = any_nonfinite(y)
+        # pivots: the K largest |values|, the lowest position first among equals, NaN above all (ops/pivoted.py's
+        # `split`, argmax's order): compared as the integers of their bits, which order non-negative floats and put
+        # NaN above Inf
+        bits = y.to(tl.int32, bitcast=True)  # (T, S)
+        a = tl.where(col < D, bits & 0x7FFFFFFF, -1)  # (T, S): |y|'s bits, -1 for padding and pivots taken
+        for j in tl.static_range(K):
+            top = tl.max(tl.max(a, axis=1), axis=0)
+            p = tl.min(tl.min(tl.where(a == top, col, T * S), axis=1), axis=0)
+            here = col == p  # (T, S)
+            v = tl.max(tl.max(tl.where(here, bits, -2147483648), axis=1), axis=0)  # y[p]'s bits, a NaN's and -0's too
+            tl.store(vals_ptr + row * K + j, v.to(tl.float32, bitcast=True).to(vals_ptr.dtype.element_ty),
+                     mask=row < rows)
+            tl.store(pos_ptr + row * K + j, p.to(tl.int16), mask=row < rows)
+            a = tl.where(here, -1, a)
+            y = tl.where(here, 0.0, y)
+        rest = any_nonfinite(y)  # a NaN/Inf left in a tile makes its scale NaN in the reference
+        if ROT:
+            y = y * INV
+            y = y * signs
+            y = butterfly(y, T, S, LOGS)
+        # per tile: RMS scale, computed as (y / peak)^2 summed, / S, sqrt, * peak (no overflow on the way)
+        peak = tl.maximum(tl.max(tl.abs(y), axis=1), 1.1754943508222875e-38)  # (T,) clamped to fp32's tiny
+        q = tl.math.div_rn(y, peak[:, None])
+        rms = tl.math.sqrt_rn(tl.math.div_rn(tree_sum(q * q, T, S, LOGS), S * 1.0)) * peak  # (T,)
+        scale = cast(rms, scale_ptr.dtype.element_ty)
+        tiles = tl.arange(0, T)
+        tl.store(scale_ptr + row * TPR + tiles, scale, mask=(tiles < TPR) & (tiles * 0 + row < rows))
+        s = scale.to(tl.float32)
+        if FLAG_IN:  # x itself holds NaN/Inf: the compressor's input check
+            tl.atomic_max(flag_in_ptr + slot_in, 1, mask=bad)
+        ovf = rest | any_nonfinite(tl.reshape(s * CBMAX, (1, T)))  # the decoder's largest product overflows
+        tl.atomic_max(flag_ovf_ptr + slot_ovf, 1, mask=ovf)
+        y = tl.math.div_rn(y, tl.where(s > 0, s, 1.0)[:, None])
+        tl.store(v_ptr + row * (TPR * S) + col, y, mask=(t < TPR) & live)
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -125,41 +136,50 @@ def search(v_ptr, cb_ptr, cand_ptr, codes_ptr, n, B: tl.constexpr, DIM: tl.const
         tl.store(codes_ptr + w * CBITS + j, byte, mask=(j < CBITS) & (w < n // 8))
 
 
-@triton.jit(do_not_specialize=["rkey", "slot"])
-def decode(codes_ptr, cb_ptr, scale_ptr, vals_ptr, pos_ptr, out_ptr, flag_ptr, rkey, slot, D: tl.constexpr,
+@triton.jit(do_not_specialize=["rkey", "slot", "rows"])
+def decode(codes_ptr, cb_ptr, scale_ptr, vals_ptr, pos_ptr, out_ptr, flag_ptr, rkey, slot, rows, D: tl.constexpr,
            TPR: tl.constexpr, T: tl.constexpr, S: tl.constexpr, LOGS: tl.constexpr, DIM: tl.constexpr,
-           CBITS: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, FLAG: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+           CBITS: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, FLAG: tl.constexpr,
+           R: tl.constexpr):
     t = tl.arange(0, T)[:, None]  # (T, 1)
     col = t * S + tl.arange(0, S)[None, :]  # (T, S)
     C: tl.constexpr = S // DIM
-    if CBITS == 8:
-        code = tl.load(codes_ptr + row * (TPR * C) + t * C + tl.arange(0, C)[None, :], mask=t < TPR,
-                       other=0).to(tl.int32)  # (T, C)
-    else:
-        j = tl.arange(0, 8)[None, :]
-        w = tl.arange(0, T * C // 8)[:, None]
-        byte = tl.load(codes_ptr + row * (TPR * C * CBITS // 8) + w * CBITS + j,
-                       mask=(j < CBITS) & (w < TPR * C // 8), other=0)  # (words, 8)
-        word = tl.sum(byte.to(tl.uint64) << (8 * j).to(tl.uint64), axis=1)  # (words,)
-        code = tl.reshape(((word[:, None] >> (j * CBITS).to(tl.uint64)) & ((1 << CBITS) - 1)).to(tl.int32), (T, C))
-    v0 = tl.load(cb_ptr + code * DIM)  # (T, C) each: the points' coordinates
-    v1, v2, v3 = v0, v0, v0
-    if DIM > 1:
-        v1 = tl.load(cb_ptr + code * DIM + 1)
-    if DIM > 2:
-        v2 = tl.load(cb_ptr + code * DIM + 2)
-        v3 = tl.load(cb_ptr + code * DIM + 3)
-    y = interleave(v0, v1, v2, v3, T, S, DIM)  # (T, S)
     tiles = tl.arange(0, T)
-    y = y * tl.load(scale_ptr + row * TPR + tiles, mask=tiles < TPR, other=0.0).to(tl.float32)[:, None]
-    if ROT:
-        y = butterfly(y * INV, T, S, LOGS)
-        y = y * rot_signs(col, rkey)
-    for k in tl.static_range(K):
-        p = tl.load(pos_ptr + row * K + k).to(tl.int32)
-        y = tl.where(col == p, tl.load(vals_ptr + row * K + k).to(tl.float32), y)
-    out = cast(y, out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * D + col, out, mask=col < D)
-    if FLAG:  # an output value not finite in the output's dtype: the decoder's own finiteness check
-        tl.atomic_max(flag_ptr + slot, 1, mask=any_nonfinite(tl.where(col < D, out.to(tl.float32), 0.0)))
+    if ROT:  # as in prepare: the signs once for the R rows
+        signs = rot_signs(col, rkey)  # (T, S)
+    else:
+        signs = tl.full((T, S), 1.0, tl.float32)
+    for r in tl.static_range(R):
+        row = tl.program_id(0).to(tl.int64) * R + r
+        if CBITS == 8:
+            code = tl.load(codes_ptr + row * (TPR * C) + t * C + tl.arange(0, C)[None, :],
+                           mask=(t < TPR) & (t * 0 + row < rows), other=0).to(tl.int32)  # (T, C)
+        else:
+            j = tl.arange(0, 8)[None, :]
+            w = tl.arange(0, T * C // 8)[:, None]
+            byte = tl.load(codes_ptr + row * (TPR * C * CBITS // 8) + w * CBITS + j,
+                           mask=(j < CBITS) & (w < TPR * C // 8) & (w * 0 + row < rows), other=0)  # (words, 8)
+            word = tl.sum(byte.to(tl.uint64) << (8 * j).to(tl.uint64), axis=1)  # (words,)
+            code = tl.reshape(((word[:, None] >> (j * CBITS).to(tl.uint64)) & ((1 << CBITS) - 1)).to(tl.int32),
+                              (T, C))
+        v0 = tl.load(cb_ptr + code * DIM)  # (T, C) each: the points' coordinates
+        v1, v2, v3 = v0, v0, v0
+        if DIM > 1:
+            v1 = tl.load(cb_ptr + code * DIM + 1)
+        if DIM > 2:
+            v2 = tl.load(cb_ptr + code * DIM + 2)
+            v3 = tl.load(cb_ptr + code * DIM + 3)
+        y = interleave(v0, v1, v2, v3, T, S, DIM)  # (T, S)
+        y = y * tl.load(scale_ptr + row * TPR + tiles, mask=(tiles < TPR) & (tiles * 0 + row < rows),
+                        other=0.0).to(tl.float32)[:, None]
+        if ROT:
+            y = butterfly(y * INV, T, S, LOGS)
+            y = y * signs
+        for k in tl.static_range(K):
+            p = tl.load(pos_ptr + row * K + k, mask=row < rows, other=0).to(tl.int32)
+            y = tl.where(col == p, tl.load(vals_ptr + row * K + k, mask=row < rows, other=0.0).to(tl.float32), y)
+        out = cast(y, out_ptr.dtype.element_ty)
+        live = (col < D) & (tl.zeros((T, S), tl.int64) + row < rows)  # (T, S)
+        tl.store(out_ptr + row * D + col, out, mask=live)
+        if FLAG:  # an output value not finite in the output's dtype: the decoder's own finiteness check
+            tl.atomic_max(flag_ptr + slot, 1, mask=any_nonfinite(tl.where(live, out.to(tl.float32), 0.0)))

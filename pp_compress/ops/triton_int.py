@@ -89,7 +89,8 @@ def _kernels() -> ModuleType:
 
 
 ROWS_PER_PROGRAM = 1
-"""Rows one program takes with the rotation, when the tensor has at least SHARED_SIGNS_ROWS rows: the rotation's
+"""Rows one program of the int kernels and of vq's `prepare` and `decode` (ops/triton_vq.py) takes with the rotation,
+when the tensor has at least SHARED_SIGNS_ROWS rows: the rotation's
 signs are the same for every row (one counter-based hash per position, three 64-bit multiplies), so a program that
 takes several rows computes them once, at the cost of more registers per thread (sm_90: 64 instead of 32 at 4 rows of
 2048, results/bench/ptxas/). 1 until a GPU measures more rows faster: `benchmarks/ops.py --rows-per-program 1

@@ -1,7 +1,8 @@
 """Device kernels for `vq` (ops/vq.py): two Triton kernels to encode and one to decode, where the torch code takes
 over 150 small kernels and a host synchronization per round trip.
 
-- `prepare`, one program per row of the last dim, holding it as a (T, S) block in registers (S the tile size, T the
+- `prepare`, one program per row of the last dim (or, with the rotation on a large tensor, triton_int's
+  ROWS_PER_PROGRAM rows one after the other, sharing the rotation's signs), holding it as a (T, S) block in registers (S the tile size, T the
   next power of two of the row's tiles; rows are zero-padded to whole tiles, as the reference pads them): read x
   once; take out the row's pivots (the largest |values|, the lowest position first among equals); [x / sqrt(S) *
   signs, butterfly]; each tile's RMS scale (rounded to the scale dtype); divide; write scales, pivots and the divided
@@ -38,7 +39,7 @@ import torch
 from torch import Tensor
 
 from .base import Flag
-from .triton_int import MAX_TILE, available
+from .triton_int import MAX_TILE, available, rows_per_program
 from .triton_launch import launch
 
 
@@ -108,9 +109,10 @@ def encode(x: Tensor, cb: Tensor, cbmax: float, size: int, dim: int, code_bits: 
     scale = torch.empty(rows * tpr, dtype=scale_dtype, device=x.device)  # (tiles,)
     vals = torch.empty(rows * k, dtype=x.dtype, device=x.device)  # (rows * k,)
     pos = torch.empty(rows * k, dtype=torch.int16, device=x.device)
-    launch(_kernels().prepare, rows, (x, v, scale, vals, pos, (flag_in or flag_ovf).buf, flag_ovf.buf),
-           (rot_key, flag_in.index if flag_in else 0, flag_ovf.index),
-           (d, tpr, t, size, logs, cbmax, k, rot, 1 / math.sqrt(size), flag_in is not None), _warps(t, size))
+    r = rows_per_program(rows, size if rot else 0)
+    launch(_kernels().prepare, -(-rows // r), (x, v, scale, vals, pos, (flag_in or flag_ovf).buf, flag_ovf.buf),
+           (rot_key, flag_in.index if flag_in else 0, flag_ovf.index, rows),
+           (d, tpr, t, size, logs, cbmax, k, rot, 1 / math.sqrt(size), flag_in is not None, r), _warps(t, size))
     searched = (grid.cells, grid.candidates.shape[1], grid.lo, grid.inv_h) if grid else (0, 0, 0.0, 0.0)
     launch(_kernels().search, -(-n // SEARCH_BLOCK), (v, cb, grid.candidates if grid else cb, codes), (n,),
            (SEARCH_BLOCK, dim, cb.shape[0], code_bits, *searched), SEARCH_WARPS)
@@ -126,8 +128,9 @@ def decode(codes: Tensor, cb: Tensor, scale: Tensor, vals: Tensor, pos: Tensor, 
     out = torch.empty(shape, dtype=dtype, device=codes.device)
     tpr, t, logs = _block(d, size)
     k = vals.numel() * d // out.numel()  # pivots per row
-    launch(_kernels().decode, out.numel() // d, (codes, cb, scale, vals, pos, out, flag.buf if flag else out),
-           (rot_key, flag.index if flag else 0),
-           (d, tpr, t, size, logs, dim, code_bits, k, rot, 1 / math.sqrt(size),
-            flag is not None), _warps(t, size))
+    rows = out.numel() // d
+    r = rows_per_program(rows, size if rot else 0)
+    launch(_kernels().decode, -(-rows // r), (codes, cb, scale, vals, pos, out, flag.buf if flag else out),
+           (rot_key, flag.index if flag else 0, rows),
+           (d, tpr, t, size, logs, dim, code_bits, k, rot, 1 / math.sqrt(size), flag is not None, r), _warps(t, size))
     return out

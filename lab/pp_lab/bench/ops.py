@@ -93,8 +93,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--presets", action="store_true", help=f"the preset operators, fused next to eager: {' '.join(PRESET_SPECS)}")
     ap.add_argument("--rows-per-program", type=int, action="append", default=None,
-                    help="each spec once per value, side by side: rows per program of the rotated int kernels "
-                         "(pp_compress.ops.triton_int.ROWS_PER_PROGRAM; default: the library's)")
+                    help="each spec once per value, side by side: rows per program of the rotated int and vq "
+                         "kernels (pp_compress.ops.triton_int.ROWS_PER_PROGRAM; default: the library's)")
     args = ap.parse_args()
     if any(n < 1 for n in args.rows_per_program or []):
         ap.error(f"--rows-per-program {args.rows_per_program}; accepted: integers >= 1")

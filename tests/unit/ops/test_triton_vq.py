@@ -50,6 +50,16 @@ def test_the_device_kernels_are_the_eager_reference_bitwise(spec, dtype, interpr
     assert checked >= 2  # every spec meets at least two of the shapes
 
 
+@pytest.mark.parametrize("spec", ["vq:4", "vq:2:dim=4", "vq:4:rot=false:pivots=3"])
+def test_a_program_that_takes_several_rows_gives_the_same_bits(spec, interpreted, monkeypatch):
+    """Several rows per program in prepare and decode (the rotation's signs computed once for them), the last
+    program's rows partly past the end: the eager reference's bits still."""
+    monkeypatch.setattr(triton_vq, "rows_per_program", lambda rows, rot: 3)
+    eager, op = ppc.build(f"{spec}:kernel=eager"), ppc.build(spec)
+    for shape in [(2, 3, 576), (4, 512), (2, 100)]:  # 6, 4 and 2 rows: whole and part programs
+        assert_matches_reference(op, eager, sample(shape, torch.bfloat16), ppc.Context(step=3, micro_batch=1))
+
+
 @pytest.mark.parametrize("spec", ["vq:4:rot=false", "vq:3", "vq:2:dim=4", "vq:3:dim=1"])
 def test_the_pruned_search_gives_the_exhaustive_codes(spec):
     op = ppc.build(spec)
@@ -139,23 +149,25 @@ from pp_compress.ops import vq
 from pp_compress.ops.triton_vq import SEARCH_BLOCK, SEARCH_WARPS, _block, _warps
 from tests.unit.ops.interpreted import hopper_ptx as build
 
-for dtype, d, size, dim, bits, k, rot in [("fp32", 2048, 64, 2, 8, 1, True), ("bf16", 576, 64, 2, 6, 1, True),
-                                          ("fp16", 576, 16, 4, 8, 2, False), ("bf16", 40, 64, 1, 3, 0, True)]:
+for dtype, d, size, dim, bits, k, rot, r in [("fp32", 2048, 64, 2, 8, 1, True, 4), ("bf16", 576, 64, 2, 6, 1, True, 1),
+                                             ("fp16", 576, 16, 4, 8, 2, False, 1), ("bf16", 40, 64, 1, 3, 0, True, 1),
+                                             ("bf16", 2048, 64, 2, 6, 1, True, 4)]:
     tpr, t, logs = _block(d, size)
     common = {"D": d, "TPR": tpr, "T": t, "S": size, "LOGS": logs}
     prep = {"x_ptr": f"*{dtype}", "v_ptr": "*fp32", "scale_ptr": "*bf16", "vals_ptr": f"*{dtype}", "pos_ptr": "*i16",
-            "flag_in_ptr": "*i32", "flag_ovf_ptr": "*i32", "rkey": "i64", "slot_in": "i32", "slot_ovf": "i32"}
+            "flag_in_ptr": "*i32", "flag_ovf_ptr": "*i32", "rkey": "i64", "slot_in": "i32", "slot_ovf": "i32",
+            "rows": "i32"}
     build(K.prepare, prep, {**common, "CBMAX": vq.max_coord(dim, bits), "K": k, "ROT": rot, "INV": 1 / math.sqrt(size),
-                            "FLAG_IN": True}, _warps(t, size))
+                            "FLAG_IN": True, "R": r}, _warps(t, size))
     g = vq.search_grid(dim, bits)
     search = {"v_ptr": "*fp32", "cb_ptr": "*fp32", "cand_ptr": "*u8", "codes_ptr": "*u8", "n": "i32"}
     for grid in [{"CELLS": g.cells, "KC": g.candidates.shape[1], "LO": g.lo, "INV_H": g.inv_h},
                  {"CELLS": 0, "KC": 0, "LO": 0.0, "INV_H": 0.0}]:
         build(K.search, search, {"B": SEARCH_BLOCK, "DIM": dim, "POINTS": 2**bits, "CBITS": bits, **grid}, SEARCH_WARPS)
     dec = {"codes_ptr": "*u8", "cb_ptr": "*fp32", "scale_ptr": "*bf16", "vals_ptr": f"*{dtype}", "pos_ptr": "*i16",
-           "out_ptr": f"*{dtype}", "flag_ptr": "*i32", "rkey": "i64", "slot": "i32"}
+           "out_ptr": f"*{dtype}", "flag_ptr": "*i32", "rkey": "i64", "slot": "i32", "rows": "i32"}
     build(K.decode, dec, {**common, "DIM": dim, "CBITS": bits, "K": k, "ROT": rot, "INV": 1 / math.sqrt(size),
-                          "FLAG": True}, _warps(t, size))
+                          "FLAG": True, "R": r}, _warps(t, size))
 print("compiled")
 """
 
