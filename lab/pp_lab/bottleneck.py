@@ -111,8 +111,10 @@ def fixed_basis(d: int, k: int, how: Init, seed: int) -> Basis:
         return orthonormal(torch.zeros(d), torch.eye(d)[:, :k])
     if how == "random":
         g = torch.Generator().manual_seed(seed)
-        return orthonormal(torch.zeros(d), torch.linalg.qr(torch.randn(d, k, generator=g, dtype=torch.float64)).Q.float())
-    raise ValueError(f"bottleneck init {how!r} needs data (calibrate, calibrate_fisher); accepted here: identity, random")
+        q = torch.linalg.qr(torch.randn(d, k, generator=g, dtype=torch.float64)).Q.float()  # (d, k)
+        return orthonormal(torch.zeros(d), q)
+    raise ValueError(f"bottleneck init {how!r} needs data (calibrate, calibrate_fisher); accepted here: identity, "
+                     "random")
 
 
 def _hiddens(layers: list[nn.Module], cuts: list[int], ids: Tensor, keep_grad: bool) -> tuple[Any, dict[int, Tensor]]:

@@ -329,7 +329,8 @@ class Block(_Loadable):
 
     def _bottleneck(self, cfg: GPTConfig, bases: dict[int, Basis]) -> None:
         """The encoder of the boundary after this block and the decoder of the one before it, where they exist;
-        `bases` maps a cut to its basis (mu, W_e, W_d), else a seeded random one (a checkpoint then sets the weights)."""
+        `bases` maps a cut to its basis (mu, W_e, W_d), else a seeded random one (a checkpoint then sets the
+        weights)."""
         seq_dim = 0 if cfg.layout == "sbh" else 1
         k, i = cfg.bottleneck, self.index
 

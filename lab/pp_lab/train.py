@@ -185,8 +185,8 @@ def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | 
     if how not in FROM_DATA:
         return cfg, {c: fixed_basis(cfg.d_model, args.bottleneck, how, cfg.subspace_seed + c) for c in cuts}
     if checkpoint is None:
-        raise SystemExit(f"--bottleneck-init {how} needs a pretrained --checkpoint (a model trained from scratch has no "
-                         "subspace yet); accepted without one: random, identity")
+        raise SystemExit(f"--bottleneck-init {how} needs a pretrained --checkpoint (a model trained from scratch has "
+                         "no subspace yet); accepted without one: random, identity")
     plain = GPT(dataclasses.replace(cfg, bottleneck=None, bottleneck_after=()), checkpoint).eval()
     calib = train_ds.with_format("torch", columns=["input_ids", "labels"])[: args.bottleneck_calib]
     seq_dim = 0 if cfg.layout == "sbh" else 1

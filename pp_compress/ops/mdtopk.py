@@ -204,9 +204,9 @@ def _inclusion(w: Tensor, k: int) -> Tensor:
     tails = torch.flip(torch.cumsum(torch.flip(ranked, (0,)), 0), (0,))  # (d,) sum of ranked[m:]
     m = torch.arange(k, device=w.device)  # (k,) channels fixed at 1 before the candidate (k <= d)
     fits = ranked[m] * (k - m) <= tails[m]  # (k,) the (m+1)-th largest at or below 1 once the m largest are fixed
-    first = torch.where(fits, m, k - 1).amin(0, keepdim=True)  # (1,) the smallest: m = k - 1 always fits (its tail holds it)
+    first = torch.where(fits, m, k - 1).amin(0, keepdim=True)  # (1,) the smallest (m = k - 1 always fits)
     scale = (k - first) / tails.gather(0, first).clamp_min(1e-30)  # (1,)
-    p = torch.where(w.double() > ranked.gather(0, first), 1.0, w.double() * scale)  # (d,) fixed: those above the first left
+    p = torch.where(w.double() > ranked.gather(0, first), 1.0, w.double() * scale)  # (d,) above the first left: 1
     return p.clamp(max=1).to(w.dtype)  # ties across the cut would need equal values on both sides: only by rounding
 
 

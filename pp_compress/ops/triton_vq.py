@@ -2,7 +2,8 @@
 over 150 small kernels and a host synchronization per round trip.
 
 - `prepare`, one program per row of the last dim (or, with the rotation on a large tensor, triton_int's
-  ROWS_PER_PROGRAM rows one after the other, sharing the rotation's signs), holding it as a (T, S) block in registers (S the tile size, T the
+  ROWS_PER_PROGRAM rows one after the other, sharing the rotation's signs), holding it as a (T, S) block in
+  registers (S the tile size, T the
   next power of two of the row's tiles; rows are zero-padded to whole tiles, as the reference pads them): read x
   once; take out the row's pivots (the largest |values|, the lowest position first among equals); [x / sqrt(S) *
   signs, butterfly]; each tile's RMS scale (rounded to the scale dtype); divide; write scales, pivots and the divided

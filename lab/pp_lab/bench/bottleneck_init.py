@@ -50,7 +50,8 @@ def main() -> None:
         ap.error(f"--fisher-damping {args.fisher_damping}; accepted: numbers > 0")
     torch.set_num_threads(1)
     ks, codecs = args.k or [288, 144, 72, 36], args.codec or ["int8:rot", "vq:4"]
-    inits = [(how, d) for how in args.init or ["pca"] for d in ((args.fisher_damping or [1.0]) if how == "fisher" else [None])]
+    dampings = args.fisher_damping or [1.0]
+    inits = [(how, d) for how in args.init or ["pca"] for d in (dampings if how == "fisher" else [None])]
     cfg = GPTConfig.from_hf(args.checkpoint)
     tok = data.load_tokenizer(str(args.checkpoint))
     train_ds, val_ds = data.lm_datasets(data.corpus_files("austen"), tok, 128, 0.05)
@@ -76,8 +77,8 @@ def main() -> None:
             if how == "pca":
                 bases = calibrate(list(plain.layers), cuts, k, 1, calib["input_ids"].split(4))
             else:
-                bases = calibrate_fisher(list(plain.layers), cuts, k, 1, zip(calib["input_ids"].split(4),
-                                                                               calib["labels"].split(4)), lm_loss, damping)
+                pairs = zip(calib["input_ids"].split(4), calib["labels"].split(4))
+                bases = calibrate_fisher(list(plain.layers), cuts, k, 1, pairs, lm_loss, damping)
             name = how if damping is None else f"fisher, damping {damping:g}"
             losses = [loss_with(k, cuts, bases, codec) for codec in ["none", *codecs]]
             if args.per_cut:

@@ -134,8 +134,8 @@ def main() -> None:
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, help="default: 8x1024x2048")
     ap.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
     ap.add_argument("--rows-per-program", type=int, default=None,
-                    help="rows per program of the rotated int and vq kernels (triton_int.ROWS_PER_PROGRAM; default: the "
-                         "library's)")
+                    help="rows per program of the rotated int and vq kernels (triton_int.ROWS_PER_PROGRAM; "
+                         "default: the library's)")
     args = ap.parse_args()
     if args.rows_per_program is not None:
         if args.rows_per_program < 1:

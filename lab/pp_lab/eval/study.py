@@ -209,7 +209,8 @@ SMOLLM2: dict[str, str] = {
 BOTTLENECK_ORDER = [(144, "int8rot", ""), (288, "vq4", ""), (144, "none", ""), (288, "vq4", "lr10"), (72, "int8rot", ""),
                     (144, "vq4", ""),
                     (144, "int8rot", "frozen"), (36, "int8rot", ""), (72, "vq4", ""), (288, "vq4", "fisher"),
-                    (144, "int8rot", "fisher"), (72, "none", ""), (36, "none", ""), (36, "vq4", ""), (288, "vq4", "long")]
+                    (144, "int8rot", "fisher"), (72, "none", ""), (36, "none", ""), (36, "vq4", ""),
+                    (288, "vq4", "long")]
 BN_CODECS = {"none": "none", "int8rot": "int8:rot", "vq4": "act=vq:4,grad=vq:3"}
 for _k, _codec, _variant in BOTTLENECK_ORDER:
     _name = f"sm-bn{_k}{'-' + _variant if _variant else ''}-{_codec}"

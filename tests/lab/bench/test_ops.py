@@ -22,11 +22,11 @@ def test_ops_benchmark_writes_rows_with_clone_and_copy_references(tmp_path):
 
 def test_ops_benchmark_times_each_spec_at_each_rows_per_program(tmp_path):
     out = tmp_path / "ops"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks/ops.py"), "--spec", "int8:rot", "--shape", "2x8x64", "--dtype",
-                    "fp32", "--reps", "1", "--rows-per-program", "1", "--rows-per-program", "4", "--out", str(out)],
+    ops = str(ROOT / "benchmarks/ops.py")
+    subprocess.run([sys.executable, ops, "--spec", "int8:rot", "--shape", "2x8x64", "--dtype", "fp32", "--reps", "1",
+                    "--rows-per-program", "1", "--rows-per-program", "4", "--out", str(out)],
                    check=True, capture_output=True, timeout=300)
     rows = list(csv.DictReader(open(out.with_suffix(".csv"))))
     assert [r["spec"] for r in rows] == ["int8:rot [1 rows/program]", "int8:rot [4 rows/program]"]
-    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks/ops.py"), "--rows-per-program", "0"], capture_output=True,
-                         text=True, timeout=300)
+    bad = subprocess.run([sys.executable, ops, "--rows-per-program", "0"], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "--rows-per-program [0]; accepted: integers >= 1" in bad.stderr
