@@ -153,9 +153,7 @@ def calibrate(layers: list[nn.Module], cuts: Iterable[int], k: int, sink: int, b
             stats[c].append(_tokens(h, sink, seq_dim))
     out: dict[int, Basis] = {}
     for c, rows in stats.items():
-        x = _enough(torch.cat(rows), k, c)  # (N, d)
-        mu = x.mean(0)  # (d,)
-        cov = (x - mu).T @ (x - mu) / (x.shape[0] - 1)  # (d, d)
+        mu, cov = _moments(_enough(torch.cat(rows), k, c))  # (d,), (d, d)
         _, vecs = torch.linalg.eigh(cov)  # ascending eigenvalues
         out[c] = orthonormal(mu.float(), vecs[:, -k:].flip(1).float())  # (d,), (d, k): largest variance first
     return out
@@ -189,9 +187,8 @@ def calibrate_fisher(layers: list[nn.Module], cuts: Iterable[int], k: int, sink:
             p.requires_grad_(was)
     out: dict[int, Basis] = {}
     for c in cuts:
-        x, g = _enough(torch.cat(hs[c]), k, c), torch.cat(gs[c])  # (N, d) each
-        mu = x.mean(0)  # (d,)
-        cov = (x - mu).T @ (x - mu) / (x.shape[0] - 1)  # (d, d)
+        mu, cov = _moments(_enough(torch.cat(hs[c]), k, c))  # (d,), (d, d)
+        g = torch.cat(gs[c])  # (N, d)
         fisher = g.T @ g / g.shape[0]  # (d, d)
         fisher = fisher + damping * fisher.diagonal().mean() * torch.eye(fisher.shape[0], dtype=fisher.dtype)
         vals, vecs = torch.linalg.eigh(fisher)
@@ -200,6 +197,12 @@ def calibrate_fisher(layers: list[nn.Module], cuts: Iterable[int], k: int, sink:
         v = v[:, -k:].flip(1)  # (d, k): the largest loss-weighted variance first
         out[c] = mu.float(), (v.T @ half).float(), (inv_half @ v).float()  # (d,), (k, d), (d, k)
     return out
+
+
+def _moments(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(mean (d,), covariance (d, d)) of the rows of x (N, d)."""
+    mu = x.mean(0)  # (d,)
+    return mu, (x - mu).T @ (x - mu) / (x.shape[0] - 1)
 
 
 def _enough(x: Tensor, k: int, cut: int) -> Tensor:

@@ -43,6 +43,16 @@ def rot_signs(col, rkey):
 
 
 @triton.jit
+def row_signs(col, rkey, ROT: tl.constexpr):
+    """The rotation's signs at row positions col (ones without the rotation): the same for every row, so a program
+    that takes several rows computes them once, before its loop over them."""
+    if ROT:
+        return rot_signs(col, rkey)
+    else:
+        return tl.zeros(col.shape, tl.float32) + 1.0
+
+
+@triton.jit
 def any_nonfinite(y):
     """Whether fp32 y (P, N) holds a NaN or an Inf: an all-ones exponent, read off the bits (comparisons of floats
     could be folded away under assumptions of finite math)."""
@@ -76,10 +86,7 @@ def encode(x_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, slot, rows, LAST: t
     whole = tl.broadcast_to((tl.arange(0, P) < LAST // N)[:, None], (P, N))  # whole tile rows: vector accesses
     top: tl.constexpr = 2 ** (BITS - 1) - 1
     topf: tl.constexpr = 2.0 ** (BITS - 1) - 1.0
-    if ROT:  # the same signs for every row of the tensor: R rows per program pay their hash once
-        signs = rot_signs(col, rkey)  # (P, N)
-    else:
-        signs = tl.full((P, N), 1.0, tl.float32)
+    signs = row_signs(col, rkey, ROT)  # (P, N): once for the R rows
     for r in tl.static_range(R):
         row = tl.program_id(0).to(tl.int64) * R + r
         valid = whole & (tl.zeros((P, N), tl.int64) + row < rows)  # (P, N); rows past the end: none
@@ -120,10 +127,7 @@ def decode(codes_ptr, scale_ptr, out_ptr, flag_ptr, rkey, slot, rows, LAST: tl.c
     col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N)
     whole = tl.broadcast_to((tl.arange(0, P) < LAST // N)[:, None], (P, N))  # whole tile rows: vector accesses
     top: tl.constexpr = 2 ** (BITS - 1) - 1
-    if ROT:  # as in encode: the signs once per program
-        signs = rot_signs(col, rkey)  # (P, N)
-    else:
-        signs = tl.full((P, N), 1.0, tl.float32)
+    signs = row_signs(col, rkey, ROT)  # (P, N): once for the R rows
     for r in tl.static_range(R):
         row = tl.program_id(0).to(tl.int64) * R + r
         valid = whole & (tl.zeros((P, N), tl.int64) + row < rows)  # (P, N); rows past the end: none

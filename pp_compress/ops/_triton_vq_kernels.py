@@ -3,7 +3,7 @@ why they are the eager reference's bitwise)."""
 import triton
 import triton.language as tl
 
-from ._triton_int_kernels import any_nonfinite, butterfly, cast, rot_signs
+from ._triton_int_kernels import any_nonfinite, butterfly, cast, row_signs
 
 
 @triton.jit
@@ -50,10 +50,7 @@ def prepare(x_ptr, v_ptr, scale_ptr, vals_ptr, pos_ptr, flag_in_ptr, flag_ovf_pt
     computed once for the R rows."""
     t = tl.arange(0, T)[:, None]  # (T, 1) tiles of the row
     col = t * S + tl.arange(0, S)[None, :]  # (T, S) positions in the row, padded to whole tiles
-    if ROT:
-        signs = rot_signs(col, rkey)  # (T, S)
-    else:
-        signs = tl.full((T, S), 1.0, tl.float32)
+    signs = row_signs(col, rkey, ROT)  # (T, S): once for the R rows
     for r in tl.static_range(R):
         row = tl.program_id(0).to(tl.int64) * R + r
         live = tl.zeros((T, S), tl.int64) + row < rows  # (T, S): false past the last row
@@ -145,10 +142,7 @@ def decode(codes_ptr, cb_ptr, scale_ptr, vals_ptr, pos_ptr, out_ptr, flag_ptr, r
     col = t * S + tl.arange(0, S)[None, :]  # (T, S)
     C: tl.constexpr = S // DIM
     tiles = tl.arange(0, T)
-    if ROT:  # as in prepare: the signs once for the R rows
-        signs = rot_signs(col, rkey)  # (T, S)
-    else:
-        signs = tl.full((T, S), 1.0, tl.float32)
+    signs = row_signs(col, rkey, ROT)  # (T, S): once for the R rows
     for r in tl.static_range(R):
         row = tl.program_id(0).to(tl.int64) * R + r
         if CBITS == 8:
