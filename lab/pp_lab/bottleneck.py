@@ -21,18 +21,37 @@ error, but the loss is more sensitive to some directions than others. With F = E
 of the loss gradient g at the cut, a change e of h costs about e^T F e / 2, and the rank-k map that minimises
 E[e^T F e] is the principal subspace in coordinates whitened by F: with V the top-k eigenvectors of F^1/2 C F^1/2
 (C the covariance of h), W_e = V^T F^1/2 and W_d = F^-1/2 V, an oblique projection W_d W_e.
+
+With `tokens` both sides also predict each token's hidden state from its token id, as Subspace Networks rebuild the
+token embedding at every stage: T[id] = (E[id] - mean) A with E the input embedding and A the least-squares map from
+a token's embedding to its hidden state on the calibration data (a frozen table, V x d). The code then carries only
+h - T[id], whose principal subspace holds more of what is left; the token ids cross the boundary beside the code
+(a few bytes a token against the d values of the hidden state).
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-Basis = tuple[Tensor, Tensor, Tensor]
-"""(mu (d,), W_e (k, d), W_d (d, k)) of one boundary: code = W_e (h - mu), h = W_d code + mu."""
+
+
+class Basis(NamedTuple):
+    """One boundary's initial map: code = W_e (h - mu - T[ids]), h = W_d code + mu + T[ids] (T: none without tokens)."""
+
+    mu: Tensor
+    """(d,) the hidden state's mean."""
+    enc: Tensor
+    """(k, d) W_e."""
+    dec: Tensor
+    """(d, k) W_d."""
+    tokens: Tensor | None = None
+    """(V, d) each token's predicted hidden state less mu (`tokens`), or None."""
+
+
 Init = Literal["pca", "fisher", "random", "identity"]
 INITS: tuple[str, ...] = ("pca", "fisher", "random", "identity")
 FROM_DATA: tuple[str, ...] = ("pca", "fisher")
@@ -40,22 +59,26 @@ FROM_DATA: tuple[str, ...] = ("pca", "fisher")
 
 
 class Encoder(nn.Module):
-    """h (B, T, d) [or (T, B, d) with seq_dim 0] -> (code, sink (B, s, d)); the code is (B, T, k), or with `group` g
-    (B, T / g, g k): g tokens' codes in one row, so that a codec with a fixed cost per row (a scale, vq's pivot) pays
-    it over g k values instead of k."""
+    """h (B, T, d) [or (T, B, d) with seq_dim 0] [, token ids (B, T)] -> (code, sink (B, s, d)); the code is (B, T, k),
+    or with `group` g (B, T / g, g k): g tokens' codes in one row, so that a codec with a fixed cost per row (a scale,
+    vq's pivot) pays it over g k values instead of k. With the basis's token table the code is of h - T[ids]."""
 
     def __init__(self, d: int, k: int, sink: int, seq_dim: int, basis: Basis, trainable: bool, group: int = 1) -> None:
         super().__init__()
         self.sink, self.seq_dim, self.group = sink, seq_dim, group
-        mu, enc, _ = _check(basis, d, k)
+        mu, enc, _, tokens = _check(basis, d, k)
         # parameters set from the basis, not drawn: the model's other weights see the same random numbers as without
         self.weight = nn.Parameter(enc.clone(), requires_grad=trainable)  # (k, d)
         self.bias = nn.Parameter(-(enc @ mu), requires_grad=trainable)  # (k,)
+        self.register_buffer("tokens", tokens)  # (V, d) frozen, in the checkpoint; or None
 
-    def forward(self, h: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, h: Tensor, ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
         t, dim = h.shape[self.seq_dim], self.seq_dim
         sink = h.narrow(dim, 0, self.sink).contiguous()  # (B, s, d)
-        code = F.linear(h.narrow(dim, self.sink, t - self.sink), self.weight, self.bias)  # (B, T - s, k)
+        rest = h.narrow(dim, self.sink, t - self.sink)  # (B, T - s, d)
+        if self.tokens is not None:
+            rest = rest - _predicted(self.tokens, ids, rest, self.sink, dim)
+        code = F.linear(rest, self.weight, self.bias)  # (B, T - s, k)
         # the sink tokens' places stay in the code, as zeros: rows keep whole groups of tokens, and the sink's own
         # code (its channels are ~100x the others') would otherwise set the scale of every row it shares
         zeros = code.new_zeros(code.shape[:dim] + (self.sink,) + code.shape[dim + 1:])  # (B, s, k)
@@ -63,21 +86,35 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """(code, sink (B, s, d)) -> h (B, T, d): the decoded code, with the first s tokens replaced by the sink."""
+    """(code, sink (B, s, d) [, token ids (B, T)]) -> h (B, T, d): the decoded code (plus T[ids] with the basis's
+    token table), with the first s tokens replaced by the sink."""
 
     def __init__(self, d: int, k: int, seq_dim: int, basis: Basis, trainable: bool, group: int = 1) -> None:
         super().__init__()
         self.seq_dim, self.k, self.group = seq_dim, k, group
-        mu, _, dec = _check(basis, d, k)
+        mu, _, dec, tokens = _check(basis, d, k)
         self.weight = nn.Parameter(dec.clone(), requires_grad=trainable)  # (d, k)
         self.bias = nn.Parameter(mu.clone(), requires_grad=trainable)  # (d,)
+        self.register_buffer("tokens", tokens)  # (V, d) frozen, in the checkpoint; or None
 
-    def forward(self, code: Tensor, sink: Tensor) -> Tensor:
+    def forward(self, code: Tensor, sink: Tensor, ids: Tensor | None = None) -> Tensor:
         if self.group > 1:
             code = code.reshape(code.shape[0], -1, self.k)  # (B, T, k)
         h = F.linear(code, self.weight, self.bias)  # (B, T, d)
-        s = sink.shape[self.seq_dim]
-        return torch.cat([sink, h.narrow(self.seq_dim, s, h.shape[self.seq_dim] - s)], dim=self.seq_dim)  # (B, T, d)
+        s, dim = sink.shape[self.seq_dim], self.seq_dim
+        h = h.narrow(dim, s, h.shape[dim] - s)  # (B, T - s, d)
+        if self.tokens is not None:
+            h = h + _predicted(self.tokens, ids, h, s, dim)
+        return torch.cat([sink, h], dim=dim)  # (B, T, d)
+
+
+def _predicted(tokens: Tensor, ids: Tensor | None, like: Tensor, sink: int, seq_dim: int) -> Tensor:
+    """T[ids] for the tokens after the first `sink`, (B, T - s, d) in `like`'s dtype."""
+    if ids is None:
+        raise ValueError("a bottleneck with a token table needs the token ids beside the hidden state (the model's "
+                         "embedding sends them with bottleneck_tokens)")
+    ids = ids.narrow(seq_dim, sink, ids.shape[seq_dim] - sink)
+    return F.embedding(ids.long(), tokens).to(like.dtype)  # (B, T - s, d)
 
 
 def _rows(code: Tensor, group: int) -> Tensor:
@@ -91,17 +128,20 @@ def _rows(code: Tensor, group: int) -> Tensor:
 
 
 def _check(basis: Basis, d: int, k: int) -> Basis:
-    mu, enc, dec = basis
+    mu, enc, dec, tokens = basis
     if tuple(mu.shape) != (d,) or tuple(enc.shape) != (k, d) or tuple(dec.shape) != (d, k):
         raise ValueError(f"bottleneck basis of shapes {tuple(mu.shape)}, {tuple(enc.shape)}, {tuple(dec.shape)}; "
                          f"expected ({d},), ({k}, {d}), ({d}, {k})")
+    if tokens is not None and (tokens.dim() != 2 or tokens.shape[1] != d):
+        raise ValueError(f"bottleneck token table of shape {tuple(tokens.shape)}; expected (vocab_size, {d})")
     # dense fp32 (a QR gives a column-major Q, a transpose is a view; parameters must be dense)
-    return mu.float().contiguous(), enc.float().contiguous(), dec.float().contiguous()
+    dense = [t.float().contiguous() for t in (mu, enc, dec)]
+    return Basis(*dense, None if tokens is None else tokens.float().contiguous())
 
 
-def orthonormal(mu: Tensor, u: Tensor) -> Basis:
+def orthonormal(mu: Tensor, u: Tensor, tokens: Tensor | None = None) -> Basis:
     """The basis of the orthogonal projection onto U's columns (orthonormal, (d, k)): W_e = U^T, W_d = U."""
-    return mu, u.T, u
+    return Basis(mu, u.T, u, tokens)
 
 
 def fixed_basis(d: int, k: int, how: Init, seed: int) -> Basis:
@@ -135,42 +175,95 @@ def _hiddens(layers: list[nn.Module], cuts: list[int], ids: Tensor, keep_grad: b
 
 
 def _tokens(h: Tensor, sink: int, seq_dim: int) -> Tensor:
-    """The hidden states of every token but the first `sink` of each sequence, (B (T - s), d) float64."""
+    """The rows of every token but the first `sink` of each sequence, (B (T - s), ...) float64."""
     h = h.narrow(seq_dim, sink, h.shape[seq_dim] - sink)
-    return h.reshape(-1, h.shape[-1]).double()
+    return h.reshape(-1, *h.shape[2:]).double()
+
+
+class Moments:
+    """Running sums of the rows x (N, d) of each batch, with the rows' token embeddings e (N, d) beside them when
+    `tokens`, in float64: a fixed memory however much calibration text, and one pass serves every k with or without
+    a token table."""
+
+    def __init__(self) -> None:
+        self.n, self.d, self.sum, self.outer = 0, 0, 0.0, 0.0
+
+    def add(self, x: Tensor, e: Tensor | None = None) -> None:
+        z = x if e is None else torch.cat([x, e], 1)  # (N, d) or (N, 2d)
+        self.d, self.n = x.shape[1], self.n + z.shape[0]
+        self.sum, self.outer = self.sum + z.sum(0), self.outer + z.T @ z  # (d,), (d, d) or twice as wide
+
+    def fit(self, k: int, cut: int, embedding: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(mean of h (d,), covariance (d, d) of what the code carries, the token table (V, d) or None): without an
+        embedding, h's own covariance; with it, that of h less its least-squares prediction from e (the ridge keeps
+        the solve well posed for embeddings no calibration token used)."""
+        if self.n < max(k, 2):
+            raise ValueError(f"calibration gave {self.n} hidden states at cut {cut}, fewer than k = {k}")
+        d = self.d
+        mu = self.sum / self.n  # (d,) or (2d,)
+        cov = (self.outer - self.n * torch.outer(mu, mu)) / (self.n - 1)
+        if embedding is None:
+            return mu[:d], cov[:d, :d], None
+        if cov.shape[0] != 2 * d:
+            raise ValueError("a token table needs moments taken with tokens=True")
+        c_hh, c_he, c_ee = cov[:d, :d], cov[:d, d:], cov[d:, d:]
+        ridge = 1e-3 * c_ee.diagonal().mean() * torch.eye(d, dtype=cov.dtype)
+        a = torch.linalg.solve(c_ee + ridge, c_he.T)  # (d_e, d): h - mu ~ (e - mean) A
+        resid = c_hh - c_he @ a - a.T @ c_he.T + a.T @ c_ee @ a  # (d, d): the covariance of h - T[ids]
+        return mu[:d], resid, ((embedding.double() - mu[d:]) @ a).float()  # (d,), (d, d), (V, d)
+
+
+def embedding_of(layers: list[nn.Module]) -> Tensor:
+    """The input embedding (V, d) of a model's layers (embedding first): what a token table is fitted from."""
+    return layers[0].weight.detach()
 
 
 @torch.no_grad()
-def calibrate(layers: list[nn.Module], cuts: Iterable[int], k: int, sink: int, batches: Iterable[Tensor],
-              seq_dim: int = 1) -> dict[int, Basis]:
-    """The principal subspace of the hidden state after each cut: `layers` are a model's layers without a bottleneck
-    (embedding first, then the blocks), `cuts` block indices, `batches` token ids (B, T). Returns cut -> its basis
-    from the hidden states of every token but the first `sink` of each sequence, in float64."""
-    cuts = sorted(cuts)
-    stats: dict[int, list[Tensor]] = {c: [] for c in cuts}
+def hidden_moments(layers: list[nn.Module], cuts: Iterable[int], sink: int, batches: Iterable[Tensor],
+                   seq_dim: int = 1, tokens: bool = False) -> dict[int, Moments]:
+    """cut -> the moments of the hidden states after it (every token but the first `sink` of each sequence), with
+    their token embeddings beside them when `tokens`: `layers` are a model's layers without a bottleneck (embedding
+    first, then the blocks), `cuts` block indices, `batches` token ids (B, T)."""
+    cuts, emb = sorted(cuts), embedding_of(layers) if tokens else None
+    stats = {c: Moments() for c in cuts}
     for ids in batches:
+        e = None if emb is None else _tokens(F.embedding(ids, emb), sink, 1)  # (N, d)
         for c, h in _hiddens(layers, cuts, ids, keep_grad=False)[1].items():
-            stats[c].append(_tokens(h, sink, seq_dim))
+            stats[c].add(_tokens(h, sink, seq_dim), e)
+    return stats
+
+
+def principal_bases(stats: dict[int, Moments], k: int, embedding: Tensor | None = None) -> dict[int, Basis]:
+    """cut -> the principal subspace of its moments, of h less each token's prediction with an `embedding` (V, d)."""
     out: dict[int, Basis] = {}
-    for c, rows in stats.items():
-        mu, cov = _moments(_enough(torch.cat(rows), k, c))  # (d,), (d, d)
+    for c, m in stats.items():
+        mu, cov, table = m.fit(k, c, embedding)  # (d,), (d, d), (V, d) or None
         _, vecs = torch.linalg.eigh(cov)  # ascending eigenvalues
-        out[c] = orthonormal(mu.float(), vecs[:, -k:].flip(1).float())  # (d,), (d, k): largest variance first
+        out[c] = orthonormal(mu.float(), vecs[:, -k:].flip(1).float(), table)  # (d, k): largest variance first
     return out
+
+
+def calibrate(layers: list[nn.Module], cuts: Iterable[int], k: int, sink: int, batches: Iterable[Tensor],
+              seq_dim: int = 1, tokens: bool = False) -> dict[int, Basis]:
+    """The principal subspace of the hidden state after each cut (`hidden_moments`'s arguments): cut -> its basis, in
+    float64; with `tokens`, of what is left after each token's predicted hidden state (the module docstring), and
+    that prediction's table."""
+    stats = hidden_moments(layers, cuts, sink, batches, seq_dim, tokens)
+    return principal_bases(stats, k, embedding_of(layers) if tokens else None)
 
 
 def calibrate_fisher(layers: list[nn.Module], cuts: Iterable[int], k: int, sink: int,
                      batches: Iterable[tuple[Tensor, Tensor]], loss: Callable[[Any, Tensor], Tensor],
-                     damping: float = 1.0, seq_dim: int = 1) -> dict[int, Basis]:
+                     damping: float = 1.0, seq_dim: int = 1, tokens: bool = False) -> dict[int, Basis]:
     """The loss-weighted subspace of the hidden state after each cut (the module docstring): as `calibrate`, with
     `batches` of (token ids (B, T), labels) and `loss(output, labels)` the mean loss of a batch, whose gradient at
     each cut weighs the directions. F is damped by `damping` times its mean eigenvalue (F + damping tr(F)/d I: large
     damping gives the principal subspace). The model's own parameters get no gradient."""
     if not damping > 0:
         raise ValueError(f"fisher damping {damping!r}; accepted: a number > 0")
-    cuts = sorted(cuts)
-    hs: dict[int, list[Tensor]] = {c: [] for c in cuts}
-    gs: dict[int, list[Tensor]] = {c: [] for c in cuts}
+    cuts, emb = sorted(cuts), embedding_of(layers) if tokens else None
+    stats = {c: Moments() for c in cuts}
+    grads: dict[int, Tensor] = {c: torch.zeros((), dtype=torch.float64) for c in cuts}
     frozen = [(p, p.requires_grad) for layer in layers for p in layer.parameters()]
     try:
         for p, _ in frozen:
@@ -179,33 +272,22 @@ def calibrate_fisher(layers: list[nn.Module], cuts: Iterable[int], k: int, sink:
             with torch.enable_grad():
                 out, at = _hiddens(layers, cuts, ids, keep_grad=True)
                 (loss(out, labels) * labels.numel()).backward()  # per-token gradients: the sum's
+            e = None if emb is None else _tokens(F.embedding(ids, emb), sink, 1)  # (N, d)
             for c, h in at.items():
-                hs[c].append(_tokens(h.detach(), sink, seq_dim))
-                gs[c].append(_tokens(h.grad, sink, seq_dim))
+                stats[c].add(_tokens(h.detach(), sink, seq_dim), e)
+                g = _tokens(h.grad, sink, seq_dim)  # (N, d)
+                grads[c] = grads[c] + g.T @ g
     finally:
         for p, was in frozen:
             p.requires_grad_(was)
     out: dict[int, Basis] = {}
     for c in cuts:
-        mu, cov = _moments(_enough(torch.cat(hs[c]), k, c))  # (d,), (d, d)
-        g = torch.cat(gs[c])  # (N, d)
-        fisher = g.T @ g / g.shape[0]  # (d, d)
+        mu, cov, table = stats[c].fit(k, c, emb)  # (d,), (d, d), (V, d) or None
+        fisher = grads[c] / stats[c].n  # (d, d)
         fisher = fisher + damping * fisher.diagonal().mean() * torch.eye(fisher.shape[0], dtype=fisher.dtype)
         vals, vecs = torch.linalg.eigh(fisher)
         half, inv_half = (vecs * vals.sqrt()) @ vecs.T, (vecs * vals.rsqrt()) @ vecs.T  # F^1/2, F^-1/2 (d, d)
         _, v = torch.linalg.eigh(half @ cov @ half)  # ascending
         v = v[:, -k:].flip(1)  # (d, k): the largest loss-weighted variance first
-        out[c] = mu.float(), (v.T @ half).float(), (inv_half @ v).float()  # (d,), (k, d), (d, k)
+        out[c] = Basis(mu.float(), (v.T @ half).float(), (inv_half @ v).float(), table)  # (d,), (k, d), (d, k)
     return out
-
-
-def _moments(x: Tensor) -> tuple[Tensor, Tensor]:
-    """(mean (d,), covariance (d, d)) of the rows of x (N, d)."""
-    mu = x.mean(0)  # (d,)
-    return mu, (x - mu).T @ (x - mu) / (x.shape[0] - 1)
-
-
-def _enough(x: Tensor, k: int, cut: int) -> Tensor:
-    if x.shape[0] < k:
-        raise ValueError(f"calibration gave {x.shape[0]} hidden states at cut {cut}, fewer than k = {k}")
-    return x

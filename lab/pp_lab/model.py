@@ -83,6 +83,10 @@ class GPTConfig:
     1 for the Megatron layout."""
     bottleneck_trainable: bool = True
     """False keeps the encoders and decoders at their initialisation: a fixed subspace, the learned one's control."""
+    bottleneck_tokens: bool = False
+    """Each bottleneck also predicts every token's hidden state from its token id (a frozen table, V x d, fitted on
+    the calibration data and kept in the checkpoint), and the code carries the rest; the token ids cross every
+    boundary beside the code. 'bsh' layout only."""
 
     def __post_init__(self) -> None:
         if self.mlp not in ("swiglu", "gelu"):
@@ -108,6 +112,9 @@ class GPTConfig:
             if self.bottleneck_group < 1 or (self.bottleneck_group > 1 and self.layout != "bsh"):
                 raise ValueError(f"bottleneck_group={self.bottleneck_group}; accepted: an integer >= 1 (> 1 with the "
                                  "'bsh' layout only)")
+        if self.bottleneck_tokens and (self.bottleneck is None or self.layout != "bsh"):
+            raise ValueError(f"bottleneck_tokens=True with bottleneck={self.bottleneck}, layout={self.layout!r}; "
+                             "accepted: with a bottleneck and the 'bsh' layout")
         if self.n_head % self.kv_heads:
             raise ValueError(f"n_head={self.n_head} must be a multiple of n_kv_head={self.n_kv_head}")
 
@@ -281,6 +288,8 @@ class Embedding(_Loadable):
         h = F.embedding(ids, self.weight)  # (B, T, D), or the coordinates (B, T, k) of a subspace model
         sbh = self.cfg.layout == "sbh"
         h = h.transpose(0, 1).contiguous() if sbh else h  # (T, B, .) for sbh
+        if self.cfg.bottleneck_tokens:  # the bottlenecks' token tables need the ids at every boundary
+            return (h, ids.to(id_dtype(self.cfg.vocab_size)), *rest)
         if self.cfg.subspace is None:
             return _join(h, rest)
         ids = ids.to(id_dtype(self.cfg.vocab_size))  # (B, T): travels with the coordinates, in as few bytes as fit
@@ -335,7 +344,13 @@ class Block(_Loadable):
         k, i = cfg.bottleneck, self.index
 
         def basis(cut: int) -> Basis:
-            return bases[cut] if cut in bases else fixed_basis(cfg.d_model, k, "random", cfg.subspace_seed + cut)
+            b = bases[cut] if cut in bases else fixed_basis(cfg.d_model, k, "random", cfg.subspace_seed + cut)
+            if cfg.bottleneck_tokens and b.tokens is None:  # a checkpoint then sets the table
+                b = b._replace(tokens=torch.zeros(cfg.vocab_size, cfg.d_model))
+            if not cfg.bottleneck_tokens and b.tokens is not None:
+                raise ValueError(f"the basis of cut {cut} has a token table but bottleneck_tokens=False; accepted: "
+                                 "bottleneck_tokens=True, or a basis without one")
+            return b
 
         if i in cfg.bottleneck_after:
             self.encoder = Encoder(cfg.d_model, k, cfg.bottleneck_sink, seq_dim, basis(i), cfg.bottleneck_trainable,
@@ -406,12 +421,13 @@ class Block(_Loadable):
         h, rest = _split(x)
         if self.cfg.subspace is not None:  # (c, token ids, ...): rebuild x = E0[ids] + U c exactly
             return self._subspace_forward(h, rest[0], rest[1:])
+        tokens = self.cfg.bottleneck_tokens  # then the flow is (hidden or code, [sink,] token ids (B, T), ...)
         if self.decoder is not None:  # (code, sink, ...) from the boundary before this block
-            h, rest = self.decoder(h, rest[0]), rest[1:]  # (B, T, D)
+            h, rest = self.decoder(h, rest[0], rest[1] if tokens else None), rest[1:]  # (B, T, D)
         h = h + self.attention(self.attn_norm(h))  # (B, T, D)
         h = h + self.mlp(self.mlp_norm(h))  # (B, T, D)
         if self.encoder is not None:  # (code (B, T / g, g k), sink (B, s, D), ...) cross the boundary after it
-            return (*self.encoder(h), *rest)
+            return (*self.encoder(h, rest[0] if tokens else None), *rest)
         return _join(h, rest)
 
     def _subspace_forward(self, c: Tensor, ids: Tensor, rest: tuple[Tensor, ...]) -> Flow:

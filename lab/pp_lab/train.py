@@ -87,6 +87,9 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
                                                                          "computed on")
     ap.add_argument("--bottleneck-fisher-damping", type=float, default=1.0, metavar="F",
                     help="fisher init: the gradient's second moment plus F times its mean eigenvalue (large F: pca)")
+    ap.add_argument("--bottleneck-tokens", action="store_true",
+                    help="each bottleneck also predicts every token's hidden state from its id (a table fitted with "
+                         "the pca or fisher init), its code carries the rest, and the token ids cross beside it")
     ap.add_argument("--bottleneck-frozen", action="store_true",
                     help="keep the encoders and decoders at their initialisation (a fixed subspace)")
     ap.add_argument("--bottleneck-lr-scale", type=float, default=1.0, metavar="F",
@@ -172,11 +175,17 @@ def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | 
         if args.bottleneck_lr_scale != 1.0:
             raise SystemExit(f"--bottleneck-lr-scale {args.bottleneck_lr_scale} without --bottleneck: there is no "
                              "bottleneck to train")
+        if args.bottleneck_tokens:
+            raise SystemExit("--bottleneck-tokens without --bottleneck: there is no bottleneck to predict for")
         return cfg, None
     cuts = tuple(int(c) - 1 for c in stage_cuts(cfg, args.stages))  # layer index (embedding first) -> block index
     cfg = dataclasses.replace(cfg, bottleneck=args.bottleneck, bottleneck_after=cuts, bottleneck_sink=args.bottleneck_sink,
-                              bottleneck_group=args.bottleneck_group, bottleneck_trainable=not args.bottleneck_frozen)
+                              bottleneck_group=args.bottleneck_group, bottleneck_trainable=not args.bottleneck_frozen,
+                              bottleneck_tokens=args.bottleneck_tokens)
     how = args.bottleneck_init or ("pca" if checkpoint is not None else "random")
+    if args.bottleneck_tokens and how not in FROM_DATA:
+        raise SystemExit(f"--bottleneck-tokens with --bottleneck-init {how}: its table is fitted on calibration data; "
+                         f"accepted: --bottleneck-init {' or '.join(FROM_DATA)} (from a pretrained --checkpoint)")
     if args.bottleneck_fisher_damping != 1.0 and how != "fisher":
         raise SystemExit(f"--bottleneck-fisher-damping {args.bottleneck_fisher_damping} with --bottleneck-init {how}: "
                          "it applies to --bottleneck-init fisher only")
@@ -187,15 +196,16 @@ def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | 
     if checkpoint is None:
         raise SystemExit(f"--bottleneck-init {how} needs a pretrained --checkpoint (a model trained from scratch has "
                          "no subspace yet); accepted without one: random, identity")
-    plain = GPT(dataclasses.replace(cfg, bottleneck=None, bottleneck_after=()), checkpoint).eval()
+    plain = GPT(dataclasses.replace(cfg, bottleneck=None, bottleneck_after=(), bottleneck_tokens=False),
+                checkpoint).eval()
     calib = train_ds.with_format("torch", columns=["input_ids", "labels"])[: args.bottleneck_calib]
     seq_dim = 0 if cfg.layout == "sbh" else 1
     if how == "pca":
         return cfg, calibrate(list(plain.layers), cuts, args.bottleneck, args.bottleneck_sink,
-                              calib["input_ids"].split(4), seq_dim=seq_dim)
+                              calib["input_ids"].split(4), seq_dim=seq_dim, tokens=args.bottleneck_tokens)
     return cfg, calibrate_fisher(list(plain.layers), cuts, args.bottleneck, args.bottleneck_sink,
                                  zip(calib["input_ids"].split(4), calib["labels"].split(4)), lm_loss,
-                                 args.bottleneck_fisher_damping, seq_dim=seq_dim)
+                                 args.bottleneck_fisher_damping, seq_dim=seq_dim, tokens=args.bottleneck_tokens)
 
 
 def config_path(args: argparse.Namespace) -> Path:

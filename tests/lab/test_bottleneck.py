@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pp_compress as ppc
-from pp_lab.bottleneck import Decoder, Encoder, calibrate, calibrate_fisher, fixed_basis
+from pp_lab.bottleneck import Basis, Decoder, Encoder, calibrate, calibrate_fisher, fixed_basis
 from pp_lab.model import GPT, Block, GPTConfig, lm_loss
 
 CFG = GPTConfig.preset("tiny", vocab_size=256)  # 4 blocks, d = 64
@@ -53,7 +53,7 @@ def test_the_pca_init_starts_at_the_projection_onto_the_principal_subspace():
     plain = GPT(CFG)
     ids = torch.randint(0, 256, (8, 16))
     bases = calibrate(list(plain.layers), [1], 64, 1, ids.split(4))
-    mu, enc, u = bases[1]
+    mu, enc, u, _ = bases[1]
     assert u.shape == (64, 64) and torch.allclose(u.T @ u, torch.eye(64), atol=1e-5) and torch.equal(enc, u.T)
     torch.manual_seed(0)
     full = GPT(bottlenecked(64), bases=bases)  # k = d: the projection is the identity up to rounding
@@ -104,13 +104,13 @@ def test_the_fisher_init_is_an_oblique_projection_that_loses_less_loss_weighted_
     plain = GPT(CFG)
     ids = torch.randint(0, 256, (8, 16))
     batches = list(zip(ids.split(4), torch.roll(ids, -1, 1).split(4)))
-    mu, enc, dec = calibrate_fisher(list(plain.layers), [1], 8, 1, batches, lm_loss)[1]
+    mu, enc, dec, _ = calibrate_fisher(list(plain.layers), [1], 8, 1, batches, lm_loss)[1]
     assert enc.shape == (8, 64) and dec.shape == (64, 8)
     assert torch.allclose(enc @ dec, torch.eye(8), atol=1e-4)  # W_d W_e is a projection: W_e W_d = I
     assert all(p.requires_grad for p in plain.parameters())  # the model's own flags are back
     # huge damping: F is a multiple of I, and the subspace is the principal one
     pca = calibrate(list(plain.layers), [1], 8, 1, ids.split(4))[1]
-    _, enc_big, dec_big = calibrate_fisher(list(plain.layers), [1], 8, 1, batches, lm_loss, damping=1e9)[1]
+    _, enc_big, dec_big, _ = calibrate_fisher(list(plain.layers), [1], 8, 1, batches, lm_loss, damping=1e9)[1]
     proj = lambda e, d: d @ e  # noqa: E731 (d, d)
     assert torch.allclose(proj(enc_big, dec_big), proj(pca[1], pca[2]), atol=1e-3)
     # on the calibration data it keeps the loss-weighted error below the principal subspace's
@@ -135,3 +135,43 @@ def test_the_fisher_init_is_an_oblique_projection_that_loses_less_loss_weighted_
     assert weighted(enc, dec, mu) < weighted(pca[1], pca[2], pca[0])
     with pytest.raises(ValueError, match="fisher damping 0; accepted: a number > 0"):
         calibrate_fisher(list(plain.layers), [1], 8, 1, batches, lm_loss, damping=0)
+
+
+def test_a_token_table_takes_each_tokens_prediction_out_of_the_code_and_the_ids_cross_beside_it():
+    torch.manual_seed(0)
+    plain = GPT(CFG)
+    ids = torch.randint(0, 256, (16, 16))
+    table = calibrate(list(plain.layers), [1], 8, 1, ids.split(4), tokens=True)[1]
+    pca = calibrate(list(plain.layers), [1], 8, 1, ids.split(4))[1]
+    assert pca.tokens is None and table.tokens.shape == (256, 64)
+    torch.manual_seed(0)
+    model = GPT(bottlenecked(8, bottleneck_tokens=True), bases={1: table})
+    x = model.layers[0](ids)
+    assert isinstance(x, tuple) and torch.equal(x[1].long(), ids)  # the ids travel from the embedding on
+    code, sink, sent = model.layers[2](model.layers[1](x))  # block 1 holds the encoder
+    assert code.shape == (16, 16, 8) and torch.equal(sent, x[1])
+    # what the code carries is h less T[ids]: on the calibration data, a k-wide code loses less than pca's
+    with torch.no_grad():
+        h = plain.layers[2](plain.layers[1](plain.layers[0](ids)))[:, 1:].double()  # (B, T - 1, d)
+
+    def kept(b: Basis) -> torch.Tensor:  # what the decoder rebuilds of h: mu + T[ids] + W_d W_e (h - mu - T[ids])
+        t = 0 if b.tokens is None else b.tokens.double()[ids[:, 1:]]  # (B, T - 1, d)
+        r = h - b.mu.double() - t
+        return b.mu.double() + t + r @ b.enc.double().T @ b.dec.double().T
+
+    # on the calibration data, a k-wide code with the table loses less than pca's without it
+    assert (h - kept(table)).pow(2).sum() < 0.9 * (h - kept(pca)).pow(2).sum()
+    with torch.no_grad():
+        out = model.layers[3].decoder(code, sink, sent)  # (B, T, d): block 2 holds the decoder
+    assert torch.equal(out[:, :1], sink) and torch.allclose(out[:, 1:].double(), kept(table), atol=1e-3)
+    assert "layers.2.encoder.tokens" in model.state_dict()  # the frozen table is in the checkpoint
+    assert not any(n.endswith("tokens") for n, _ in model.named_parameters())
+    bounds = ppc.insert_boundaries(model, after=[2], cfg="int8:rot,min_numel=0", blocks=model.layers)  # in process
+    model(ids).sum().backward()
+    assert bounds[0].stats["act"].raw_bytes == 16 * 16 * 8 * 4  # the code; the ids and the sink pass as they are
+    with pytest.raises(ValueError, match="needs the token ids beside the hidden state"):
+        Encoder(64, 8, 1, 1, table, True)(torch.randn(2, 16, 64))
+    with pytest.raises(ValueError, match="has a token table but bottleneck_tokens=False"):
+        GPT(bottlenecked(8), bases={1: table})
+    with pytest.raises(ValueError, match="bottleneck_tokens=True with bottleneck=None"):
+        dataclasses.replace(CFG, bottleneck_tokens=True)

@@ -100,3 +100,37 @@ def test_the_bottleneck_learns_at_its_scaled_rate_in_the_engine(tmp_path):
         state = torch.load(tmp_path / f"ckpt/global_step2/mp_rank_0{rank}_model_states.pt", weights_only=False)
         body, inner = state["optimizer"]["param_groups"]
         assert inner["lr"] == pytest.approx(10 * body["lr"]) and len(inner["params"]) == 2  # a weight and a bias
+
+
+def test_a_token_table_starts_closer_crosses_with_the_ids_and_serves_from_the_checkpoint(tmp_path):
+    """--bottleneck-tokens in DeepSpeed's engine: the token ids cross beside the code (their bytes counted), the fitted
+    table starts the model closer to itself than the plain pca code of the same width, and infer.py, which builds
+    the model without the pretrained checkpoint, serves the run from its DeepSpeed checkpoint alone (the frozen
+    table is in it, the same for the cut's encoder and decoder)."""
+    import torch
+
+    ckpt = tiny_llama(tmp_path / "llama")
+    common = ["--checkpoint", str(ckpt), "--tokenizer", "gpt2", "--data", "fixture", "--seq-len", "16",
+              "--micro-batch", "2", "--grad-accum", "2", "--steps", "2", "--eval-batches", "2", "--eval-every", "2",
+              "--save-every", "2", "--eval-at-start", "--bottleneck", "4", "--bottleneck-calib", "8",
+              "--pp-compress", "int8:rot,min_numel=0"]
+    finetune = ROOT / "recipes/finetune.py"
+    ok(*run_job(finetune, 2, *common, "--out", str(tmp_path / "pca")))
+    ok(*run_job(finetune, 2, *common, "--bottleneck-tokens", "--out", str(tmp_path / "tokens")))
+    pca, tokens = rows(tmp_path / "pca", "eval"), rows(tmp_path / "tokens", "eval")
+    assert tokens[0]["val_loss"] < pca[0]["val_loss"]
+    ids = 2 * 16 * 4  # int32 ids of a micro-batch (GPT-2's vocabulary needs more than int16)
+    for a, b in zip(rows(tmp_path / "pca", "train"), rows(tmp_path / "tokens", "train")):
+        assert b["act_raw_bytes"] == a["act_raw_bytes"] + 2 * ids and b["grad_raw_bytes"] == a["grad_raw_bytes"]
+    assert json.loads((tmp_path / "tokens" / "run.json").read_text())["model"]["bottleneck_tokens"] is True
+    tables = [t for f in sorted((tmp_path / "tokens" / "ckpt" / "global_step2").glob("layer_*-model_states.pt"))
+              for n, t in torch.load(f, weights_only=True).items() if n.endswith("coder.tokens")]
+    assert len(tables) == 2 and torch.equal(*tables) and tables[0].shape == (50257, 32) and tables[0].abs().sum() > 0
+    served = tmp_path / "tokens" / "infer.json"
+    ok(*run_job(ROOT / "recipes/infer.py", 2, "--checkpoint", str(tmp_path / "tokens"), "--stages", "2",
+                "--data", "fixture", "--micro-batch", "2", "--ppl-batches", "2", "--pp-compress", "none",
+                "--out", str(served)))
+    assert abs(math.log(json.loads(served.read_text())["val_ppl"]) - tokens[-1]["val_loss"]) < 0.01
+    rc, log = run_job(finetune, 2, *common, "--bottleneck-tokens", "--bottleneck-init", "random",
+                      "--out", str(tmp_path / "random"))
+    assert rc != 0 and "--bottleneck-tokens with --bottleneck-init random" in log

@@ -3,10 +3,10 @@
     python benchmarks/bottleneck_init.py    # -> results/bench/bottleneck_init_smollm2.md (`make models` first)
 
 SmolLM2-135M-Instruct cut as the SmolLM2 study cuts it (4 stages: after blocks 8, 16 and 23), every cut replaced at
-once by its PCA-initialised bottleneck (pp_lab/bottleneck.py: 24 training sequences of Austen, the sink token in
-full, d / k tokens' codes to a row), evaluated on held-out sequences in one process: the validation loss with no
-codec on the codes and through each codec (the in-process boundary, pp_compress.insert_boundaries), next to the
-model without a bottleneck in the same run. A second table gives each codec's bits per element of the dense fp32
+once by its PCA-initialised bottleneck (pp_lab/bottleneck.py: the first 24 training sequences of Austen by default,
+the sink token in full, d / k tokens' codes to a row), evaluated on held-out sequences in one process: the validation
+loss with no codec on the codes and through each codec (the in-process boundary, pp_compress.insert_boundaries), next
+to the model without a bottleneck in the same run. A second table gives each codec's bits per element of the dense fp32
 tensor from its exact wire layout, with the codes in rows of k values and in rows of d.
 
     python benchmarks/bottleneck_init.py --init pca --init fisher --fisher-damping 1 --per-cut --codec int8:rot \
@@ -14,6 +14,13 @@ tensor from its exact wire layout, with the codes in rows of k values and in row
 
 compares the inits (pp_lab/bottleneck.py: the principal subspace, and the loss-weighted one at each damping), and
 with --per-cut also gives each cut's bottleneck alone (no codec), the other cuts left as they are.
+
+    python benchmarks/bottleneck_init.py --calib 24 --calib 96 --calib 384 --tokens --codec int8:rot \
+        --out results/bench/bottleneck_init_calib_tokens_smollm2.md
+
+compares calibration sizes (the first N training sequences; the moments of one pass serve every k) and, with
+--tokens, each init with and without a token table (pp_lab/bottleneck.py: each token's hidden state predicted from
+its id, the code carrying the rest).
 """
 from __future__ import annotations
 
@@ -27,9 +34,9 @@ import torch
 
 import pp_compress as ppc
 from pp_lab import data
-from pp_lab.bottleneck import FROM_DATA, calibrate, calibrate_fisher
+from pp_lab.bottleneck import FROM_DATA, calibrate_fisher, embedding_of, hidden_moments, principal_bases
 from pp_lab.convert import DEFAULT_OUT
-from pp_lab.model import GPT, GPTConfig, lm_loss, stage_cuts
+from pp_lab.model import GPT, GPTConfig, id_dtype, lm_loss, stage_cuts
 from pp_lab.paths import BENCH
 
 
@@ -42,12 +49,17 @@ def main() -> None:
     ap.add_argument("--init", action="append", choices=FROM_DATA, default=None, help="default: pca")
     ap.add_argument("--fisher-damping", type=float, action="append", default=None, help="fisher: each (default 1)")
     ap.add_argument("--per-cut", action="store_true", help="also each cut's bottleneck alone (no codec)")
+    ap.add_argument("--calib", type=int, action="append", default=None,
+                    help="training sequences of 128 tokens the init is computed on: each (default 24)")
+    ap.add_argument("--tokens", action="store_true", help="each init also with a token table")
     ap.add_argument("--out", type=Path, default=BENCH / "bottleneck_init_smollm2.md")
     args = ap.parse_args()
     if args.fisher_damping and "fisher" not in (args.init or []):
         ap.error(f"--fisher-damping {args.fisher_damping} applies to --init fisher only")
     if any(not d > 0 for d in args.fisher_damping or []):
         ap.error(f"--fisher-damping {args.fisher_damping}; accepted: numbers > 0")
+    if any(n < 1 for n in args.calib or []):
+        ap.error(f"--calib {args.calib}; accepted: numbers of sequences >= 1")
     torch.set_num_threads(1)
     ks, codecs = args.k or [288, 144, 72, 36], args.codec or ["int8:rot", "vq:4"]
     dampings = args.fisher_damping or [1.0]
@@ -55,13 +67,15 @@ def main() -> None:
     cfg = GPTConfig.from_hf(args.checkpoint)
     tok = data.load_tokenizer(str(args.checkpoint))
     train_ds, val_ds = data.lm_datasets(data.corpus_files("austen"), tok, 128, 0.05)
-    calib = train_ds.with_format("torch", columns=["input_ids", "labels"])[:24]  # 24 x (128,)
+    sizes = args.calib or [24]
+    calib = train_ds.with_format("torch", columns=["input_ids", "labels"])[:max(sizes)]  # (N, 128)
     val = val_ds.with_format("torch", columns=["input_ids", "labels"])[: args.sequences]
     plain = GPT(cfg, args.checkpoint).eval()
     cuts = tuple(int(c) - 1 for c in stage_cuts(cfg, 4))
 
     def loss_with(k: int, at: tuple[int, ...], bases: dict, codec: str) -> float:
-        bn = dataclasses.replace(cfg, bottleneck=k, bottleneck_after=at, bottleneck_group=cfg.d_model // k)
+        bn = dataclasses.replace(cfg, bottleneck=k, bottleneck_after=at, bottleneck_group=cfg.d_model // k,
+                                 bottleneck_tokens=bases[at[0]].tokens is not None)
         model = GPT(bn, args.checkpoint, {c: bases[c] for c in at}).eval()
         if codec != "none":
             ppc.insert_boundaries(model, after=[c + 1 for c in at], cfg=f"{codec},min_numel=0", blocks=model.layers)
@@ -72,25 +86,32 @@ def main() -> None:
     with torch.no_grad():
         base = float(lm_loss(plain(val["input_ids"]), val["labels"]))
     rows = []
-    for k in ks:
-        for how, damping in inits:
-            if how == "pca":
-                bases = calibrate(list(plain.layers), cuts, k, 1, calib["input_ids"].split(4))
-            else:
-                pairs = zip(calib["input_ids"].split(4), calib["labels"].split(4))
-                bases = calibrate_fisher(list(plain.layers), cuts, k, 1, pairs, lm_loss, damping)
-            name = how if damping is None else f"fisher, damping {damping:g}"
-            losses = [loss_with(k, cuts, bases, codec) for codec in ["none", *codecs]]
-            if args.per_cut:
-                losses += [loss_with(k, (c,), bases, "none") for c in cuts]
-            print(f"k={k} {name}: " + " ".join(f"{x:+.3f}" for x in losses), flush=True)
-            rows.append(f"| {k} | {name} | " + " | ".join(f"{x:+.3f}" for x in losses) + " |")
+    tables = [False, True] if args.tokens else [False]
+    moments = {n: hidden_moments(list(plain.layers), cuts, 1, calib["input_ids"][:n].split(4), tokens=args.tokens)
+               for n in sizes if "pca" in [how for how, _ in inits]}
+    for n in sizes:
+        ids, labels = calib["input_ids"][:n], calib["labels"][:n]
+        for k in ks:
+            for how, damping in inits:
+                for table in tables:
+                    if how == "pca":
+                        bases = principal_bases(moments[n], k, embedding_of(list(plain.layers)) if table else None)
+                    else:
+                        bases = calibrate_fisher(list(plain.layers), cuts, k, 1, zip(ids.split(4), labels.split(4)),
+                                                 lm_loss, damping, tokens=table)
+                    name = (how if damping is None else f"fisher, damping {damping:g}") + (" + tokens" if table else "")
+                    losses = [loss_with(k, cuts, bases, codec) for codec in ["none", *codecs]]
+                    if args.per_cut:
+                        losses += [loss_with(k, (c,), bases, "none") for c in cuts]
+                    print(f"k={k} {name} calib={n}: " + " ".join(f"{x:+.3f}" for x in losses), flush=True)
+                    rows.append(f"| {k} | {name} | {n} | " + " | ".join(f"{x:+.3f}" for x in losses) + " |")
     bits = []
     for codec in codecs:
         op = ppc.build(codec)
         cells = [op.wire_nbytes((4, 128 * k // w, w), torch.float32) * 8 / (4 * 128 * cfg.d_model)
                  for k in ks for w in (k, cfg.d_model)]
         bits.append(f"| `{codec}` | " + " | ".join(f"{b:.2f}" for b in cells) + " |")
+    id_bits = torch.iinfo(id_dtype(cfg.vocab_size)).bits
     lines = ["# A learned bottleneck on SmolLM2-135M before training", "",
              f"Command: `{shlex.join(['python', 'benchmarks/bottleneck_init.py', *sys.argv[1:]])}` "
              f"({args.sequences} held-out sequences of 128 tokens of "
@@ -98,13 +119,15 @@ def main() -> None:
              f"a bottleneck: {base:.3f}).", "",
              "Validation loss minus the model's without a bottleneck (in process the sink token passes exactly; a "
              "pipeline sends it through the codec too):", "",
-             "| k | init | no codec | " + " | ".join(f"`{c}` on the codes" for c in codecs)
+             "| k | init | calibration sequences | no codec | " + " | ".join(f"`{c}` on the codes" for c in codecs)
              + "".join(f" | block {c + 1}'s cut alone" for c in cuts if args.per_cut) + " |",
-             "|---|---|" + "---|" * (1 + len(codecs) + (len(cuts) if args.per_cut else 0)), *rows, "",
+             "|---|---|---|" + "---|" * (1 + len(codecs) + (len(cuts) if args.per_cut else 0)), *rows, "",
              "Bits per element of the dense fp32 tensor (the codes of 128 tokens of 4 sequences; the sink token not "
              "counted), codes in rows of k or of d = 576:", "",
              "| codec | " + " | ".join(f"k={k}, rows of {w}" for k in ks for w in (k, cfg.d_model)) + " |",
-             "|---|" + "---|" * (2 * len(ks)), *bits, ""]
+             "|---|" + "---|" * (2 * len(ks)), *bits, "",
+             *([f"A token table adds the token ids beside the codes: {id_bits} bits a token, "
+                f"{id_bits / cfg.d_model:.3f} bits per element.", ""] if args.tokens else [])]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))

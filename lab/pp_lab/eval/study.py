@@ -206,11 +206,15 @@ SMOLLM2: dict[str, str] = {
 # After d/8 through vq, d/2 through vq with the PCA taken from 384 training sequences instead of 24 (`calib384`): with
 # d = 576 and 24 x 127 tokens the covariance is poorly estimated, and the projection's cost before training falls
 # with more calibration. The loss-weighted init (`fisher`) was stopped at step 25 of d/2 through vq, far behind pca's
-# run (docs/bottleneck.md), and is not queued.
+# run (docs/bottleneck.md), and is not queued. Then the token table (`tokens`: each token's hidden state predicted
+# from its id, the code carrying the rest; with 384 sequences, since 24 overfit its d x d map), at d/2 through vq and
+# d/4 through int8:rot, where it starts the model closest to itself
+# (results/bench/bottleneck_init_calib_tokens_smollm2.md).
 BOTTLENECK_ORDER = [(144, "int8rot", ""), (288, "vq4", ""), (144, "none", ""), (288, "vq4", "lr10"), (72, "int8rot", ""),
                     (144, "vq4", ""),
                     (144, "int8rot", "frozen"), (36, "int8rot", ""), (72, "vq4", ""), (288, "vq4", "calib384"),
-                    (72, "none", ""), (36, "none", ""), (36, "vq4", ""),
+                    (288, "vq4", "tokens"), (144, "int8rot", "tokens"), (72, "none", ""), (36, "none", ""),
+                    (36, "vq4", ""),
                     (288, "vq4", "long")]
 BN_CODECS = {"none": "none", "int8rot": "int8:rot", "vq4": "act=vq:4,grad=vq:3"}
 for _k, _codec, _variant in BOTTLENECK_ORDER:
@@ -219,7 +223,8 @@ for _k, _codec, _variant in BOTTLENECK_ORDER:
     EXTRA[_name] = ["--bottleneck", str(_k), "--bottleneck-group", str(576 // _k),
                     *(["--bottleneck-frozen"] if _variant == "frozen" else []),
                     *(["--bottleneck-lr-scale", "10"] if _variant == "lr10" else []),
-                    *(["--bottleneck-calib", "384"] if _variant == "calib384" else []),
+                    *(["--bottleneck-calib", "384"] if _variant in ("calib384", "tokens") else []),
+                    *(["--bottleneck-tokens"] if _variant == "tokens" else []),
                     *(["--steps", "600"] if _variant == "long" else [])]  # after SM_COMMON's: the last one counts
 AT_START = {n for n in SMOLLM2 if n.startswith("sm-bn")}
 """Settings evaluated before their first step as well (--eval-at-start)."""
