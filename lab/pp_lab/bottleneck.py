@@ -181,27 +181,47 @@ def _tokens(h: Tensor, sink: int, seq_dim: int) -> Tensor:
 
 
 class Moments:
-    """Running sums of the rows x (N, d) of each batch, with the rows' token embeddings e (N, d) beside them when
-    `tokens`, in float64: a fixed memory however much calibration text, and one pass serves every k with or without
-    a token table."""
+    """Running sums over the calibration tokens of one cut, in float64: of the hidden states x (N, d), with their token
+    embeddings e (N, d) beside them when `tokens`, and of the loss gradient's outer products g g^T when `grads`. A
+    fixed memory however much text; one pass serves every k with or without a token table; and sums from processes
+    that each took a share of the text add up (`reduce`)."""
 
-    def __init__(self) -> None:
-        self.n, self.d, self.sum, self.outer = 0, 0, 0.0, 0.0
+    def __init__(self, d: int, tokens: bool = False, grads: bool = False) -> None:
+        w = 2 * d if tokens else d
+        self.d, self.n = d, torch.zeros((), dtype=torch.float64)
+        self.sum, self.outer = torch.zeros(w, dtype=torch.float64), torch.zeros(w, w, dtype=torch.float64)
+        self.grad = torch.zeros(d, d, dtype=torch.float64) if grads else None
 
-    def add(self, x: Tensor, e: Tensor | None = None) -> None:
+    def add(self, x: Tensor, e: Tensor | None = None, g: Tensor | None = None) -> None:
         z = x if e is None else torch.cat([x, e], 1)  # (N, d) or (N, 2d)
-        self.d, self.n = x.shape[1], self.n + z.shape[0]
-        self.sum, self.outer = self.sum + z.sum(0), self.outer + z.T @ z  # (d,), (d, d) or twice as wide
+        if z.shape[1] != self.sum.shape[0] or (g is None) != (self.grad is None):
+            raise ValueError(f"rows of width {z.shape[1]} (gradients: {g is not None}) for moments of width "
+                             f"{self.sum.shape[0]} (gradients: {self.grad is not None})")
+        self.n, self.sum, self.outer = self.n + z.shape[0], self.sum + z.sum(0), self.outer + z.T @ z
+        if g is not None:
+            self.grad = self.grad + g.T @ g  # (d, d)
+
+    def reduce(self, all_reduce: Callable[[Tensor], Any]) -> None:
+        """Sum these moments over processes in place: `all_reduce` sums a float64 tensor across them in place
+        (torch.distributed.all_reduce)."""
+        grad = [] if self.grad is None else [self.grad.flatten()]
+        packed = torch.cat([self.n.reshape(1), self.sum, self.outer.flatten(), *grad])
+        all_reduce(packed)
+        n, w = 1, self.sum.shape[0]
+        self.n, self.sum = packed[0].clone(), packed[n:n + w].clone()
+        self.outer = packed[n + w:n + w + w * w].reshape(w, w).clone()
+        if self.grad is not None:
+            self.grad = packed[n + w + w * w:].reshape(self.d, self.d).clone()
 
     def fit(self, k: int, cut: int, embedding: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
         """(mean of h (d,), covariance (d, d) of what the code carries, the token table (V, d) or None): without an
         embedding, h's own covariance; with it, that of h less its least-squares prediction from e (the ridge keeps
         the solve well posed for embeddings no calibration token used)."""
-        if self.n < max(k, 2):
-            raise ValueError(f"calibration gave {self.n} hidden states at cut {cut}, fewer than k = {k}")
-        d = self.d
-        mu = self.sum / self.n  # (d,) or (2d,)
-        cov = (self.outer - self.n * torch.outer(mu, mu)) / (self.n - 1)
+        n, d = float(self.n), self.d
+        if n < max(k, 2):
+            raise ValueError(f"calibration gave {n:.0f} hidden states at cut {cut}, fewer than k = {k}")
+        mu = self.sum / n  # (d,) or (2d,)
+        cov = (self.outer - n * torch.outer(mu, mu)) / (n - 1)
         if embedding is None:
             return mu[:d], cov[:d, :d], None
         if cov.shape[0] != 2 * d:
@@ -218,18 +238,33 @@ def embedding_of(layers: list[nn.Module]) -> Tensor:
     return layers[0].weight.detach()
 
 
-@torch.no_grad()
-def hidden_moments(layers: list[nn.Module], cuts: Iterable[int], sink: int, batches: Iterable[Tensor],
-                   seq_dim: int = 1, tokens: bool = False) -> dict[int, Moments]:
+def hidden_moments(layers: list[nn.Module], cuts: Iterable[int], sink: int, batches: Iterable[Any],
+                   seq_dim: int = 1, tokens: bool = False,
+                   loss: Callable[[Any, Tensor], Tensor] | None = None) -> dict[int, Moments]:
     """cut -> the moments of the hidden states after it (every token but the first `sink` of each sequence), with
     their token embeddings beside them when `tokens`: `layers` are a model's layers without a bottleneck (embedding
-    first, then the blocks), `cuts` block indices, `batches` token ids (B, T)."""
+    first, then the blocks, then the head), `cuts` block indices, `batches` token ids (B, T). With `loss(output,
+    labels)` (a batch's mean loss) the batches are (token ids, labels), and the moments take the second moment of the
+    loss's gradient at each cut too (per token: the gradient of the sum); the model's own parameters get none."""
     cuts, emb = sorted(cuts), embedding_of(layers) if tokens else None
-    stats = {c: Moments() for c in cuts}
-    for ids in batches:
-        e = None if emb is None else _tokens(F.embedding(ids, emb), sink, 1)  # (N, d)
-        for c, h in _hiddens(layers, cuts, ids, keep_grad=False)[1].items():
-            stats[c].add(_tokens(h, sink, seq_dim), e)
+    stats = {c: Moments(embedding_of(layers).shape[1], tokens, loss is not None) for c in cuts}
+    frozen = [(p, p.requires_grad) for layer in layers for p in layer.parameters()]
+    try:
+        for p, _ in frozen:
+            p.requires_grad_(False)
+        for batch in batches:
+            ids, labels = batch if loss is not None else (batch, None)
+            with torch.set_grad_enabled(loss is not None):
+                out, at = _hiddens(layers, cuts, ids, keep_grad=loss is not None)
+                if loss is not None:
+                    (loss(out, labels) * labels.numel()).backward()  # per-token gradients: the sum's
+            e = None if emb is None else _tokens(F.embedding(ids, emb), sink, 1)  # (N, d)
+            for c, h in at.items():
+                g = None if loss is None else _tokens(h.grad, sink, seq_dim)  # (N, d)
+                stats[c].add(_tokens(h.detach(), sink, seq_dim), e, g)
+    finally:
+        for p, was in frozen:
+            p.requires_grad_(was)
     return stats
 
 
@@ -240,6 +275,27 @@ def principal_bases(stats: dict[int, Moments], k: int, embedding: Tensor | None 
         mu, cov, table = m.fit(k, c, embedding)  # (d,), (d, d), (V, d) or None
         _, vecs = torch.linalg.eigh(cov)  # ascending eigenvalues
         out[c] = orthonormal(mu.float(), vecs[:, -k:].flip(1).float(), table)  # (d, k): largest variance first
+    return out
+
+
+def fisher_bases(stats: dict[int, Moments], k: int, damping: float = 1.0,
+                 embedding: Tensor | None = None) -> dict[int, Basis]:
+    """cut -> the loss-weighted subspace of its moments (taken with a loss; the module docstring). F is damped by
+    `damping` times its mean eigenvalue (F + damping tr(F)/d I: large damping gives the principal subspace)."""
+    if not damping > 0:
+        raise ValueError(f"fisher damping {damping!r}; accepted: a number > 0")
+    out: dict[int, Basis] = {}
+    for c, m in stats.items():
+        if m.grad is None:
+            raise ValueError("the fisher init needs moments taken with a loss (their gradients)")
+        mu, cov, table = m.fit(k, c, embedding)  # (d,), (d, d), (V, d) or None
+        fisher = m.grad / m.n  # (d, d)
+        fisher = fisher + damping * fisher.diagonal().mean() * torch.eye(fisher.shape[0], dtype=fisher.dtype)
+        vals, vecs = torch.linalg.eigh(fisher)
+        half, inv_half = (vecs * vals.sqrt()) @ vecs.T, (vecs * vals.rsqrt()) @ vecs.T  # F^1/2, F^-1/2 (d, d)
+        _, v = torch.linalg.eigh(half @ cov @ half)  # ascending
+        v = v[:, -k:].flip(1)  # (d, k): the largest loss-weighted variance first
+        out[c] = Basis(mu.float(), (v.T @ half).float(), (inv_half @ v).float(), table)  # (d,), (k, d), (d, k)
     return out
 
 
@@ -257,37 +313,8 @@ def calibrate_fisher(layers: list[nn.Module], cuts: Iterable[int], k: int, sink:
                      damping: float = 1.0, seq_dim: int = 1, tokens: bool = False) -> dict[int, Basis]:
     """The loss-weighted subspace of the hidden state after each cut (the module docstring): as `calibrate`, with
     `batches` of (token ids (B, T), labels) and `loss(output, labels)` the mean loss of a batch, whose gradient at
-    each cut weighs the directions. F is damped by `damping` times its mean eigenvalue (F + damping tr(F)/d I: large
-    damping gives the principal subspace). The model's own parameters get no gradient."""
+    each cut weighs the directions (`fisher_bases`)."""
     if not damping > 0:
         raise ValueError(f"fisher damping {damping!r}; accepted: a number > 0")
-    cuts, emb = sorted(cuts), embedding_of(layers) if tokens else None
-    stats = {c: Moments() for c in cuts}
-    grads: dict[int, Tensor] = {c: torch.zeros((), dtype=torch.float64) for c in cuts}
-    frozen = [(p, p.requires_grad) for layer in layers for p in layer.parameters()]
-    try:
-        for p, _ in frozen:
-            p.requires_grad_(False)
-        for ids, labels in batches:
-            with torch.enable_grad():
-                out, at = _hiddens(layers, cuts, ids, keep_grad=True)
-                (loss(out, labels) * labels.numel()).backward()  # per-token gradients: the sum's
-            e = None if emb is None else _tokens(F.embedding(ids, emb), sink, 1)  # (N, d)
-            for c, h in at.items():
-                stats[c].add(_tokens(h.detach(), sink, seq_dim), e)
-                g = _tokens(h.grad, sink, seq_dim)  # (N, d)
-                grads[c] = grads[c] + g.T @ g
-    finally:
-        for p, was in frozen:
-            p.requires_grad_(was)
-    out: dict[int, Basis] = {}
-    for c in cuts:
-        mu, cov, table = stats[c].fit(k, c, emb)  # (d,), (d, d), (V, d) or None
-        fisher = grads[c] / stats[c].n  # (d, d)
-        fisher = fisher + damping * fisher.diagonal().mean() * torch.eye(fisher.shape[0], dtype=fisher.dtype)
-        vals, vecs = torch.linalg.eigh(fisher)
-        half, inv_half = (vecs * vals.sqrt()) @ vecs.T, (vecs * vals.rsqrt()) @ vecs.T  # F^1/2, F^-1/2 (d, d)
-        _, v = torch.linalg.eigh(half @ cov @ half)  # ascending
-        v = v[:, -k:].flip(1)  # (d, k): the largest loss-weighted variance first
-        out[c] = Basis(mu.float(), (v.T @ half).float(), (inv_half @ v).float(), table)  # (d,), (k, d), (d, k)
-    return out
+    stats = hidden_moments(layers, cuts, sink, batches, seq_dim, tokens, loss)
+    return fisher_bases(stats, k, damping, embedding_of(layers) if tokens else None)

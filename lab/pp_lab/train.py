@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from torch import nn
+import torch.distributed as dist
+from torch import Tensor, nn
 from tqdm import tqdm
 
-from pp_lab.bottleneck import FROM_DATA, INITS, Basis, Decoder, Encoder, calibrate, calibrate_fisher, fixed_basis
+from pp_lab.bottleneck import (FROM_DATA, INITS, Basis, Decoder, Encoder, embedding_of, fisher_bases, fixed_basis,
+                               hidden_moments, principal_bases)
 from pp_lab.model import GPT, GPTConfig, lm_loss, stage_cuts
 from pp_lab.paths import CONFIGS
 
@@ -200,12 +202,29 @@ def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | 
                 checkpoint).eval()
     calib = train_ds.with_format("torch", columns=["input_ids", "labels"])[: args.bottleneck_calib]
     seq_dim = 0 if cfg.layout == "sbh" else 1
-    if how == "pca":
-        return cfg, calibrate(list(plain.layers), cuts, args.bottleneck, args.bottleneck_sink,
-                              calib["input_ids"].split(4), seq_dim=seq_dim, tokens=args.bottleneck_tokens)
-    return cfg, calibrate_fisher(list(plain.layers), cuts, args.bottleneck, args.bottleneck_sink,
-                                 zip(calib["input_ids"].split(4), calib["labels"].split(4)), lm_loss,
-                                 args.bottleneck_fisher_damping, seq_dim=seq_dim, tokens=args.bottleneck_tokens)
+    # each process takes every world-th batch of 4 sequences, and the moments' sums are added up across processes
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    ids, labels = calib["input_ids"].split(4)[rank::world], calib["labels"].split(4)[rank::world]
+    fisher = how == "fisher"
+    stats = hidden_moments(list(plain.layers), cuts, args.bottleneck_sink, list(zip(ids, labels)) if fisher else ids,
+                           seq_dim, args.bottleneck_tokens, lm_loss if fisher else None)
+    if world > 1:
+        for m in stats.values():
+            m.reduce(_sum_over_ranks)
+    emb = embedding_of(list(plain.layers)) if args.bottleneck_tokens else None
+    if fisher:
+        return cfg, fisher_bases(stats, args.bottleneck, args.bottleneck_fisher_damping, emb)
+    return cfg, principal_bases(stats, args.bottleneck, emb)
+
+
+def _sum_over_ranks(t: Tensor) -> None:
+    """Sum a CPU tensor over all processes in place, through the accelerator where the backend needs one (NCCL)."""
+    if dist.get_backend() == "nccl":
+        on = t.to(torch.cuda.current_device())
+        dist.all_reduce(on)
+        t.copy_(on.cpu())
+    else:
+        dist.all_reduce(t)
 
 
 def config_path(args: argparse.Namespace) -> Path:

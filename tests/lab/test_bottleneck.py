@@ -166,6 +166,10 @@ def test_a_token_table_takes_each_tokens_prediction_out_of_the_code_and_the_ids_
     assert torch.equal(out[:, :1], sink) and torch.allclose(out[:, 1:].double(), kept(table), atol=1e-3)
     assert "layers.2.encoder.tokens" in model.state_dict()  # the frozen table is in the checkpoint
     assert not any(n.endswith("tokens") for n, _ in model.named_parameters())
+    served = GPT(bottlenecked(8, bottleneck_tokens=True))  # as infer.py builds it: no bases, zero tables
+    assert not served.layers[2].encoder.tokens.any()
+    served.load_state_dict(model.state_dict())
+    assert torch.equal(served.layers[2].encoder.tokens, table.tokens) and torch.equal(served(ids), model(ids))
     bounds = ppc.insert_boundaries(model, after=[2], cfg="int8:rot,min_numel=0", blocks=model.layers)  # in process
     model(ids).sum().backward()
     assert bounds[0].stats["act"].raw_bytes == 16 * 16 * 8 * 4  # the code; the ids and the sink pass as they are
@@ -175,3 +179,32 @@ def test_a_token_table_takes_each_tokens_prediction_out_of_the_code_and_the_ids_
         GPT(bottlenecked(8), bases={1: table})
     with pytest.raises(ValueError, match="bottleneck_tokens=True with bottleneck=None"):
         dataclasses.replace(CFG, bottleneck_tokens=True)
+
+
+@pytest.mark.parametrize("fisher", [False, True])
+def test_moments_taken_in_shares_and_summed_give_the_whole_texts_basis(fisher):
+    """What the recipes do across processes: each takes every other batch, and `reduce` adds up their sums."""
+    from pp_lab.bottleneck import embedding_of, fisher_bases, hidden_moments, principal_bases
+
+    torch.manual_seed(0)
+    layers = list(GPT(CFG).layers)
+    ids = torch.randint(0, 256, (16, 16))
+    batches = list(zip(ids.split(4), torch.roll(ids, -1, 1).split(4))) if fisher else list(ids.split(4))
+    loss = lm_loss if fisher else None
+    whole = hidden_moments(layers, [0, 1], 1, batches, tokens=True, loss=loss)
+    shares = [hidden_moments(layers, [0, 1], 1, batches[r::2], tokens=True, loss=loss) for r in (0, 1)]
+    for c in (0, 1):
+        packed = []  # the other share's packed sums, as an all-reduce over two processes would add them
+        shares[1][c].reduce(packed.append)
+        shares[0][c].reduce(lambda t: t.add_(packed[0]))
+        assert float(shares[0][c].n) == float(whole[c].n) == 16 * 15
+    emb = embedding_of(layers)
+    for got, want in [(fisher_bases(shares[0], 8, 1.0, emb), fisher_bases(whole, 8, 1.0, emb)) if fisher else
+                      (principal_bases(shares[0], 8, emb), principal_bases(whole, 8, emb))]:
+        for c in (0, 1):
+            proj = lambda b: b.dec.double() @ b.enc.double()  # noqa: E731 (d, d): the same subspace, whatever the signs
+            assert torch.allclose(proj(got[c]), proj(want[c]), atol=1e-6)
+            assert torch.allclose(got[c].mu, want[c].mu, atol=1e-6) and torch.allclose(got[c].tokens, want[c].tokens,
+                                                                                        atol=1e-5)
+    with pytest.raises(ValueError, match="needs moments taken with a loss"):
+        fisher_bases(hidden_moments(layers, [1], 1, ids.split(4)), 8)
