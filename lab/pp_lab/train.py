@@ -85,8 +85,9 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
     ap.add_argument("--bottleneck-sink", type=int, default=1, help="leading tokens that cross in full (attention sink)")
     ap.add_argument("--bottleneck-group", type=int, default=1,
                     help="tokens whose codes share one row on the wire (e.g. d / K: rows as wide as the hidden state)")
-    ap.add_argument("--bottleneck-calib", type=int, default=24, help="training sequences the pca or fisher init is "
-                                                                         "computed on")
+    ap.add_argument("--bottleneck-calib", type=int, default=384, metavar="N",
+                    help="training sequences the pca or fisher init is computed on, shared by the processes (with "
+                         "d = 576, 24 estimate the covariance poorly: docs/bottleneck.md)")
     ap.add_argument("--bottleneck-fisher-damping", type=float, default=1.0, metavar="F",
                     help="fisher init: the gradient's second moment plus F times its mean eigenvalue (large F: pca)")
     ap.add_argument("--bottleneck-tokens", action="store_true",
@@ -193,6 +194,8 @@ def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | 
                          "it applies to --bottleneck-init fisher only")
     if not args.bottleneck_fisher_damping > 0:
         raise SystemExit(f"--bottleneck-fisher-damping {args.bottleneck_fisher_damping}; accepted: a number > 0")
+    if args.bottleneck_calib < 1:
+        raise SystemExit(f"--bottleneck-calib {args.bottleneck_calib}; accepted: a number of sequences >= 1")
     if how not in FROM_DATA:
         return cfg, {c: fixed_basis(cfg.d_model, args.bottleneck, how, cfg.subspace_seed + c) for c in cuts}
     if checkpoint is None:

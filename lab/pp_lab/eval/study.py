@@ -187,7 +187,7 @@ SMOLLM2: dict[str, str] = {
     "sm-act-tile3_grad-tile2.5stoch-serve-int8rot": "act=tile:3,grad=tile:2.5:lo=2:hi=3:stoch,eval=int8:rot",
 }
 # A learned bottleneck at each boundary (issue 44; lab/pp_lab/bottleneck.py): the hidden state crosses as k of
-# d = 576 coordinates per token (PCA-initialised on 24 training sequences, then trained) plus the attention-sink token
+# d = 576 coordinates per token (PCA-initialised on training sequences, then trained) plus the attention-sink token
 # in full, and the code goes through a codec, so the ratios multiply: bits per dense element are about the codec's
 # bits x (128 k + 576) / (128 x 576). The codes of d / k tokens share a row, so the codecs' per-row costs (scales,
 # vq's pivot) spread over 576 values as on the dense tensor. The most informative first: d/4 through int8:rot and d/2
@@ -223,7 +223,8 @@ for _k, _codec, _variant in BOTTLENECK_ORDER:
     EXTRA[_name] = ["--bottleneck", str(_k), "--bottleneck-group", str(576 // _k),
                     *(["--bottleneck-frozen"] if _variant == "frozen" else []),
                     *(["--bottleneck-lr-scale", "10"] if _variant == "lr10" else []),
-                    *(["--bottleneck-calib", "384"] if _variant in ("calib384", "tokens") else []),
+                    # the rows before calib384 ran with the default of their time, 24 sequences
+                    "--bottleneck-calib", "384" if _variant in ("calib384", "tokens", "long") else "24",
                     *(["--bottleneck-tokens"] if _variant == "tokens" else []),
                     *(["--steps", "600"] if _variant == "long" else [])]  # after SM_COMMON's: the last one counts
 AT_START = {n for n in SMOLLM2 if n.startswith("sm-bn")}
