@@ -15,7 +15,7 @@ def pipeline_module(cfg: GPTConfig, num_stages: int, checkpoint: str | Path | No
                     bases: dict[int, Basis] | None = None, dualpipev: bool = False) -> Any:
     """The same layers as a deepspeed.pipe.PipelineModule; each stage builds (and loads) only its own. With tp > 1
     the blocks are Megatron-style tensor-parallel (lab/pp_lab/tp.py) over DeepSpeed's PP x TP x DP topology.
-    `bases`: the bottleneck's initial (mu, U) per cut, for a cfg with a bottleneck. `dualpipev`: a DualPipeVModule
+    `bases`: the bottleneck's initial Basis per cut, for a cfg with a bottleneck. `dualpipev`: a DualPipeVModule
     (DeepSpeed 0.19.7 and later), 2 x num_stages stages of a V over num_stages ranks."""
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 

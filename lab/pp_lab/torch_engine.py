@@ -59,7 +59,7 @@ def check(args: argparse.Namespace) -> None:
 
 def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_ds: Any, val_ds: Any,
           batches_fn: Any, eval_batches_fn: Any, bases: dict[int, Basis] | None = None) -> dict[str, Any]:
-    """Train over torch.distributed.pipelining; `bases`: the bottleneck's initial (mu, U) per cut, if cfg has one."""
+    """Train over torch.distributed.pipelining; `bases`: the bottleneck's initial Basis per cut, if cfg has one."""
     from pp_compress.runtime import check_args
     from pp_compress.stats import format_table
     from pp_compress.torch_pipelining import CompressedPipelineStage
