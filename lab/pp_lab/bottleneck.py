@@ -313,8 +313,6 @@ def calibrate_fisher(layers: list[nn.Module], cuts: Iterable[int], k: int, sink:
                      damping: float = 1.0, seq_dim: int = 1, tokens: bool = False) -> dict[int, Basis]:
     """The loss-weighted subspace of the hidden state after each cut (the module docstring): as `calibrate`, with
     `batches` of (token ids (B, T), labels) and `loss(output, labels)` the mean loss of a batch, whose gradient at
-    each cut weighs the directions (`fisher_bases`)."""
-    if not damping > 0:
-        raise ValueError(f"fisher damping {damping!r}; accepted: a number > 0")
+    each cut weighs the directions (`fisher_bases`, which checks the damping)."""
     stats = hidden_moments(layers, cuts, sink, batches, seq_dim, tokens, loss)
     return fisher_bases(stats, k, damping, embedding_of(layers) if tokens else None)

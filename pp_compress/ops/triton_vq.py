@@ -2,12 +2,11 @@
 over 150 small kernels and a host synchronization per round trip.
 
 - `prepare`, one program per row of the last dim (or, with the rotation on a large tensor, triton_int's
-  ROWS_PER_PROGRAM rows one after the other, sharing the rotation's signs), holding it as a (T, S) block in
-  registers (S the tile size, T the
-  next power of two of the row's tiles; rows are zero-padded to whole tiles, as the reference pads them): read x
-  once; take out the row's pivots (the largest |values|, the lowest position first among equals); [x / sqrt(S) *
-  signs, butterfly]; each tile's RMS scale (rounded to the scale dtype); divide; write scales, pivots and the divided
-  tiles (fp32);
+  ROWS_PER_PROGRAM rows one after the other, sharing the rotation's signs), holding it as a (T, S) block in registers
+  (S the tile size, T the next power of two of the row's tiles; rows are zero-padded to whole tiles, as the reference
+  pads them): read x once; take out the row's pivots (the largest |values|, the lowest position first among equals);
+  [x / sqrt(S) * signs, butterfly]; each tile's RMS scale (rounded to the scale dtype); divide; write scales, pivots
+  and the divided tiles (fp32);
 - `search`, one program per block of vectors: read them back flat, find each one's nearest codebook point, bit-pack,
   write the codes. The pruned search measures only the few points that can be nearest anywhere in the vector's grid
   cell (ops/vq.py's `search_grid`), and a block with a vector beyond the grid measures every point;

@@ -34,7 +34,7 @@ import torch
 
 import pp_compress as ppc
 from pp_lab import data
-from pp_lab.bottleneck import FROM_DATA, calibrate_fisher, embedding_of, hidden_moments, principal_bases
+from pp_lab.bottleneck import FROM_DATA, embedding_of, fisher_bases, hidden_moments, principal_bases
 from pp_lab.convert import DEFAULT_OUT
 from pp_lab.model import GPT, GPTConfig, id_dtype, lm_loss, stage_cuts
 from pp_lab.paths import BENCH
@@ -87,18 +87,19 @@ def main() -> None:
         base = float(lm_loss(plain(val["input_ids"]), val["labels"]))
     rows = []
     tables = [False, True] if args.tokens else [False]
-    moments = {n: hidden_moments(list(plain.layers), cuts, 1, calib["input_ids"][:n].split(4), tokens=args.tokens)
-               for n in sizes if "pca" in [how for how, _ in inits]}
-    for n in sizes:
-        ids, labels = calib["input_ids"][:n], calib["labels"][:n]
+    layers, emb = list(plain.layers), embedding_of(list(plain.layers))
+    for n in sizes:  # one pass per size serves every k, table and damping (the fisher one with the loss's gradients)
+        ids, labels = calib["input_ids"][:n].split(4), calib["labels"][:n].split(4)
+        moments = {how: hidden_moments(layers, cuts, 1, ids if how == "pca" else list(zip(ids, labels)),
+                                       tokens=args.tokens, loss=None if how == "pca" else lm_loss)
+                   for how in {how for how, _ in inits}}
         for k in ks:
             for how, damping in inits:
                 for table in tables:
                     if how == "pca":
-                        bases = principal_bases(moments[n], k, embedding_of(list(plain.layers)) if table else None)
+                        bases = principal_bases(moments[how], k, emb if table else None)
                     else:
-                        bases = calibrate_fisher(list(plain.layers), cuts, k, 1, zip(ids.split(4), labels.split(4)),
-                                                 lm_loss, damping, tokens=table)
+                        bases = fisher_bases(moments[how], k, damping, emb if table else None)
                     name = (how if damping is None else f"fisher, damping {damping:g}") + (" + tokens" if table else "")
                     losses = [loss_with(k, cuts, bases, codec) for codec in ["none", *codecs]]
                     if args.per_cut:
