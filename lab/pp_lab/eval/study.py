@@ -198,11 +198,6 @@ SMOLLM2: dict[str, str] = {
 # After the first three rows (d/2 through vq +0.097, most of it the bottleneck's own cost), d/2 through vq again with the
 # bottleneck learning at 10x the body's rate (`lr10`: new layers in a pretrained model, as MAPL and ResBM train theirs
 # at a from-scratch rate), before the narrower settings.
-# Then d/2 through vq for 600 steps (`long`: the baseline's 200 steps three times over, its own cosine schedule): no
-# setting at or below 2 bits reached the baseline's final loss in 200 steps, and the time to that loss (steps to
-# target x step time per link) is what decides on a slow link. Its loss rule is not comparable (not equal steps).
-# It runs last: at ~24 s a step it takes about 4 hours, longer than a session, and a session starts from a fresh
-# checkout without runs/, so it needs a session that can keep its checkpoint; the 200-step grid rows fit one each.
 # After d/8 through vq, d/2 through vq with the PCA taken from 384 training sequences instead of 24 (`calib384`): with
 # d = 576 and 24 x 127 tokens the covariance is poorly estimated, and the projection's cost before training falls
 # with more calibration. The loss-weighted init (`fisher`) was stopped at step 25 of d/2 through vq, far behind pca's
@@ -210,23 +205,29 @@ SMOLLM2: dict[str, str] = {
 # from its id, the code carrying the rest; with 384 sequences, since 24 overfit its d x d map), at d/2 through vq and
 # d/4 through int8:rot, where it starts the model closest to itself
 # (results/bench/bottleneck_init_calib_tokens_smollm2.md).
+# Then the best d/2 setting for 600 steps (`tokens-long`: the baseline's 200 steps three times over, its own cosine
+# schedule): no setting at or below 2 bits reached the baseline's final loss in 200 steps, and the time to that loss
+# (steps to target x step time per link) is what decides on a slow link. Its loss rule is not comparable (not equal
+# steps). At ~24 s a step it takes about 4 hours, longer than a session: it goes on from its checkpoint where runs/
+# survives the session (it restarts from the beginning where it does not). It runs before the rest of the grid: a
+# bottleneck that costs the model more than 0.05 where the grid's other rows start (d/4 and below) cannot reach
+# the 2-bit goal's parity in 200 steps, so the question that is left is whether d/2 gets there with more steps.
 BOTTLENECK_ORDER = [(144, "int8rot", ""), (288, "vq4", ""), (144, "none", ""), (288, "vq4", "lr10"), (72, "int8rot", ""),
                     (144, "vq4", ""),
                     (144, "int8rot", "frozen"), (36, "int8rot", ""), (72, "vq4", ""), (288, "vq4", "calib384"),
-                    (288, "vq4", "tokens"), (144, "int8rot", "tokens"), (72, "none", ""), (36, "none", ""),
-                    (36, "vq4", ""),
-                    (288, "vq4", "long")]
+                    (288, "vq4", "tokens"), (288, "vq4", "tokens-long"), (144, "int8rot", "tokens"), (72, "none", ""),
+                    (36, "none", ""), (36, "vq4", "")]
 BN_CODECS = {"none": "none", "int8rot": "int8:rot", "vq4": "act=vq:4,grad=vq:3"}
 for _k, _codec, _variant in BOTTLENECK_ORDER:
-    _name = f"sm-bn{_k}{'-' + _variant if _variant else ''}-{_codec}"
+    _name, _parts = f"sm-bn{_k}{'-' + _variant if _variant else ''}-{_codec}", _variant.split("-")
     SMOLLM2[_name] = BN_CODECS[_codec]
     EXTRA[_name] = ["--bottleneck", str(_k), "--bottleneck-group", str(576 // _k),
-                    *(["--bottleneck-frozen"] if _variant == "frozen" else []),
-                    *(["--bottleneck-lr-scale", "10"] if _variant == "lr10" else []),
+                    *(["--bottleneck-frozen"] if "frozen" in _parts else []),
+                    *(["--bottleneck-lr-scale", "10"] if "lr10" in _parts else []),
                     # the rows before calib384 ran with the default of their time, 24 sequences
-                    "--bottleneck-calib", "384" if _variant in ("calib384", "tokens", "long") else "24",
-                    *(["--bottleneck-tokens"] if _variant == "tokens" else []),
-                    *(["--steps", "600"] if _variant == "long" else [])]  # after SM_COMMON's: the last one counts
+                    "--bottleneck-calib", "384" if {"calib384", "tokens"} & set(_parts) else "24",
+                    *(["--bottleneck-tokens"] if "tokens" in _parts else []),
+                    *(["--steps", "600"] if "long" in _parts else [])]  # after SM_COMMON's: the last one counts
 AT_START = {n for n in SMOLLM2 if n.startswith("sm-bn")}
 """Settings evaluated before their first step as well (--eval-at-start)."""
 SM_COMMON = ["--stages", "4", "--data", "austen", "--steps", "200", "--seq-len", "128", "--micro-batch", "4",
