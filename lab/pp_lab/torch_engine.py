@@ -116,7 +116,8 @@ def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_
     val_loss = math.nan
     if args.eval_at_start and start == 0:  # where the run starts from (a bottleneck's initialisation, say)
         val_loss = evaluate()
-        log.write({"kind": "eval", "step": 0, "tokens": 0, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50))})
+        log.write({"kind": "eval", "step": 0, "tokens": 0, "val_loss": val_loss,
+                   "val_ppl": math.exp(min(val_loss, 50))})
     bar = tqdm(total=args.steps, initial=start, disable=not main, dynamic_ncols=True, unit="step")
     t0 = time.perf_counter()
     for step in range(start + 1, args.steps + 1):

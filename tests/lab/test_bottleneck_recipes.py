@@ -146,8 +146,9 @@ def test_the_torch_engine_finetunes_a_pretrained_model_with_a_fitted_bottleneck(
               "--micro-batch", "2", "--grad-accum", "2", "--steps", "2", "--eval-batches", "2", "--eval-every", "2",
               "--eval-at-start", "--untied", "--engine", "torch", "--bottleneck-calib", "8"]
     finetune = ROOT / "recipes/finetune.py"
-    for name, extra in (("plain", ["--pp-compress", "none"]), ("full", ["--bottleneck", "32", "--pp-compress", "none"]),
-                        ("tokens", ["--bottleneck", "4", "--bottleneck-tokens", "--pp-compress", "int8:rot,min_numel=0"])):
+    runs = {"plain": ["--pp-compress", "none"], "full": ["--bottleneck", "32", "--pp-compress", "none"],
+            "tokens": ["--bottleneck", "4", "--bottleneck-tokens", "--pp-compress", "int8:rot,min_numel=0"]}
+    for name, extra in runs.items():
         ok(*run_job(finetune, 2, *common, *extra, "--out", str(tmp_path / name)))
     # DeepSpeed's engine evaluates micro-batches of 4 where this one runs 2 of 2: the same sequences
     ds = [a for a in common if a not in ("--untied", "--engine", "torch")]
