@@ -11,7 +11,7 @@
 # 3. benchmarks/vq_search.py: vq's device encoder with its pruned search next to the exhaustive one, and its parts;
 #    benchmarks/codec_profile.py: kernels launched and host synchronizations per encode + decode round;
 # 4. benchmarks/host_overhead.py: the host's µs per encode / decode call, back-to-back rounds next to copy_, and a
-#    training micro-batch through an in-process boundary;
+#    training micro-batch through an in-process boundary; and cProfile's view of `safe`'s host time there;
 # 5. benchmarks/train_step.py: the codec's share of a SmolLM2-135M training step with boundaries at the study's three
 #    cuts, the host's time to queue a step, and whether a steady-state step synchronizes the host (sync debug mode
 #    'error'); at the study's micro-batch and at one 4x larger.
@@ -53,6 +53,8 @@ for dtype in fp32 bf16; do
 done
 step 35 python3 benchmarks/host_overhead.py --device cuda --spec identity --spec int8 --spec int8:rot --spec nf6 \
     --spec vq:4 --boundary --out "$out/host_cuda.md"
+step 30 python3 benchmarks/host_overhead.py --device cuda --spec int8:rot --dtype bf16 --boundary --profile \
+    --out "$out/host_cuda_profile.md"
 step 80 python3 benchmarks/train_step.py --device cuda --dtype bf16 --rounds 20 --sync-check --spec none \
     --spec identity --spec safe --spec aggressive --out "$out/train_step_cuda_bf16.md"
 step 80 python3 benchmarks/train_step.py --device cuda --dtype bf16 --rounds 15 --batch 16 --seq 2048 --spec none \
