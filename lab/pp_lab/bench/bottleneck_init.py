@@ -21,6 +21,12 @@ with --per-cut also gives each cut's bottleneck alone (no codec), the other cuts
 compares calibration sizes (the first N training sequences; the moments of one pass serve every k) and, with
 --tokens, each init with and without a token table (pp_lab/bottleneck.py: each token's hidden state predicted from
 its id, the code carrying the rest).
+
+    python benchmarks/bottleneck_init.py --k 288 --calib 384 --codec vq:4 --sink-codec vq:4 --sink-codec int8:rot \
+        --sequences 64 --out results/bench/bottleneck_init_sink_smollm2.md
+
+adds, for each codec on the codes, the sink token through each --sink-codec as well: in process the sink passes
+exactly, while a pipeline sends it through its codec too (it is at least min_numel values at the study's sizes).
 """
 from __future__ import annotations
 
@@ -40,6 +46,18 @@ from pp_lab.model import GPT, GPTConfig, id_dtype, lm_loss, stage_cuts
 from pp_lab.paths import BENCH
 
 
+class SinkThrough(torch.nn.Module):
+    """A block with a bottleneck's encoder, whose sink token (its output's second tensor) crosses a boundary."""
+
+    def __init__(self, block: torch.nn.Module, boundary: ppc.CompressionBoundary) -> None:
+        super().__init__()
+        self.block, self.boundary = block, boundary
+
+    def forward(self, x: object) -> tuple:
+        code, sink, *rest = self.block(x)
+        return (code, self.boundary(sink), *rest)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", type=Path, default=DEFAULT_OUT)
@@ -52,6 +70,8 @@ def main() -> None:
     ap.add_argument("--calib", type=int, action="append", default=None,
                     help="training sequences of 128 tokens the init is computed on: each (default 24)")
     ap.add_argument("--tokens", action="store_true", help="each init also with a token table")
+    ap.add_argument("--sink-codec", action="append", default=[],
+                    help="each codec on the codes also with the sink token through this spec (a pipeline's way)")
     ap.add_argument("--out", type=Path, default=BENCH / "bottleneck_init_smollm2.md")
     args = ap.parse_args()
     if args.fisher_damping and "fisher" not in (args.init or []):
@@ -73,10 +93,12 @@ def main() -> None:
     plain = GPT(cfg, args.checkpoint).eval()
     cuts = tuple(int(c) - 1 for c in stage_cuts(cfg, 4))
 
-    def loss_with(k: int, at: tuple[int, ...], bases: dict, codec: str) -> float:
+    def loss_with(k: int, at: tuple[int, ...], bases: dict, codec: str, sink: str | None = None) -> float:
         bn = dataclasses.replace(cfg, bottleneck=k, bottleneck_after=at, bottleneck_group=cfg.d_model // k,
                                  bottleneck_tokens=bases[at[0]].tokens is not None)
         model = GPT(bn, args.checkpoint, {c: bases[c] for c in at}).eval()
+        for j, c in enumerate(at if sink else ()):
+            model.layers[c + 1] = SinkThrough(model.layers[c + 1], ppc.CompressionBoundary(f"{sink},min_numel=0", j))
         if codec != "none":
             ppc.insert_boundaries(model, after=[c + 1 for c in at], cfg=f"{codec},min_numel=0", blocks=model.layers)
             model.eval()
@@ -102,6 +124,7 @@ def main() -> None:
                         bases = fisher_bases(moments[how], k, damping, emb if table else None)
                     name = (how if damping is None else f"fisher, damping {damping:g}") + (" + tokens" if table else "")
                     losses = [loss_with(k, cuts, bases, codec) for codec in ["none", *codecs]]
+                    losses += [loss_with(k, cuts, bases, codec, sink) for codec in codecs for sink in args.sink_codec]
                     if args.per_cut:
                         losses += [loss_with(k, (c,), bases, "none") for c in cuts]
                     print(f"k={k} {name} calib={n}: " + " ".join(f"{x:+.3f}" for x in losses), flush=True)
@@ -121,8 +144,11 @@ def main() -> None:
              "Validation loss minus the model's without a bottleneck (in process the sink token passes exactly; a "
              "pipeline sends it through the codec too):", "",
              "| k | init | calibration sequences | no codec | " + " | ".join(f"`{c}` on the codes" for c in codecs)
+             + "".join(f" | `{c}` on the codes, `{s}` on the sink" for c in codecs for s in args.sink_codec)
              + "".join(f" | block {c + 1}'s cut alone" for c in cuts if args.per_cut) + " |",
-             "|---|---|---|" + "---|" * (1 + len(codecs) + (len(cuts) if args.per_cut else 0)), *rows, "",
+             "|---|---|---|" + "---|" * (1 + len(codecs) * (1 + len(args.sink_codec))
+                                          + (len(cuts) if args.per_cut else 0)),
+             *rows, "",
              "Bits per element of the dense fp32 tensor (the codes of 128 tokens of 4 sequences; the sink token not "
              "counted), codes in rows of k or of d = 576:", "",
              "| codec | " + " | ".join(f"k={k}, rows of {w}" for k in ks for w in (k, cfg.d_model)) + " |",
