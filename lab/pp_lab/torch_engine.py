@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from pp_lab.bottleneck import Basis
-from pp_lab.model import GPTConfig, layers, lm_loss, stage_cuts
+from pp_lab.model import Block, Embedding, GPTConfig, Head, layers, lm_loss, stage_cuts
 from pp_lab.train import Logger, evaluate_batches, gather_digests, prune_checkpoints, rss_mb
 
 
@@ -79,11 +79,15 @@ def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_
     if world != args.stages:
         raise SystemExit(f"--engine torch runs one pipeline: start --stages ({args.stages}) processes, not {world}")
     compression = check_args(args)
-    every = layers(cfg, checkpoint, bases)  # the same random numbers on every rank: each keeps its own slice
-    bounds = [0, *(c + 1 for c in stage_cuts(cfg, args.stages)), len(every)]
+    bounds = [0, *(c + 1 for c in stage_cuts(cfg, args.stages)), cfg.n_layer + 2]  # embedding, blocks, head (untied)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    if checkpoint is None:  # the same random numbers on every rank: each builds them all and keeps its own slice
+        parts = layers(cfg, None, bases)[lo:hi]
+    else:  # every weight comes from the checkpoint: each rank loads only its own layers
+        parts = [Embedding(cfg, checkpoint) if i == 0 else Head(cfg, checkpoint) if i == cfg.n_layer + 1
+                 else Block(cfg, i - 1, checkpoint, bases) for i in range(lo, hi)]
     dev = device()
-    mod = Stage(every[bounds[rank]:bounds[rank + 1]]).to(dev)
-    del every
+    mod = Stage(parts).to(dev)
     stage = CompressedPipelineStage(mod, rank, args.stages, dev, compression=compression)  # shapes are inferred
     # from the first micro-batch (torch's dynamic mode)
     schedule = Schedule1F1B(stage, n_microbatches=args.grad_accum, loss_fn=lm_loss)
