@@ -66,11 +66,18 @@ class Encoder(nn.Module):
     def __init__(self, d: int, k: int, sink: int, seq_dim: int, basis: Basis, trainable: bool, group: int = 1) -> None:
         super().__init__()
         self.sink, self.seq_dim, self.group = sink, seq_dim, group
-        mu, enc, _, tokens = _check(basis, d, k)
         # parameters set from the basis, not drawn: the model's other weights see the same random numbers as without
-        self.weight = nn.Parameter(enc.clone(), requires_grad=trainable)  # (k, d)
-        self.bias = nn.Parameter(-(enc @ mu), requires_grad=trainable)  # (k,)
-        self.register_buffer("tokens", tokens)  # (V, d) frozen, in the checkpoint; or None
+        self.weight = nn.Parameter(torch.empty(k, d), requires_grad=trainable)  # (k, d)
+        self.bias = nn.Parameter(torch.empty(k), requires_grad=trainable)  # (k,)
+        self.register_buffer("tokens", None if basis.tokens is None else torch.empty(basis.tokens.shape))  # (V, d)
+        self.set_basis(basis)  # the table: frozen, in the checkpoint; or None
+
+    def set_basis(self, basis: Basis) -> None:
+        """W_e, b_e = -W_e mu and the token table from `basis` (in place)."""
+        mu, enc, _, _ = _set_table(self, basis, self.weight.shape[1], self.weight.shape[0])
+        with torch.no_grad():
+            self.weight.copy_(enc)
+            self.bias.copy_(-(enc @ mu))
 
     def forward(self, h: Tensor, ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
         t, dim = h.shape[self.seq_dim], self.seq_dim
@@ -92,10 +99,17 @@ class Decoder(nn.Module):
     def __init__(self, d: int, k: int, seq_dim: int, basis: Basis, trainable: bool, group: int = 1) -> None:
         super().__init__()
         self.seq_dim, self.k, self.group = seq_dim, k, group
-        mu, _, dec, tokens = _check(basis, d, k)
-        self.weight = nn.Parameter(dec.clone(), requires_grad=trainable)  # (d, k)
-        self.bias = nn.Parameter(mu.clone(), requires_grad=trainable)  # (d,)
-        self.register_buffer("tokens", tokens)  # (V, d) frozen, in the checkpoint; or None
+        self.weight = nn.Parameter(torch.empty(d, k), requires_grad=trainable)  # (d, k)
+        self.bias = nn.Parameter(torch.empty(d), requires_grad=trainable)  # (d,)
+        self.register_buffer("tokens", None if basis.tokens is None else torch.empty(basis.tokens.shape))  # (V, d)
+        self.set_basis(basis)  # the table: frozen, in the checkpoint; or None
+
+    def set_basis(self, basis: Basis) -> None:
+        """W_d, b_d = mu and the token table from `basis` (in place)."""
+        mu, _, dec, _ = _set_table(self, basis, self.weight.shape[0], self.weight.shape[1])
+        with torch.no_grad():
+            self.weight.copy_(dec)
+            self.bias.copy_(mu)
 
     def forward(self, code: Tensor, sink: Tensor, ids: Tensor | None = None) -> Tensor:
         if self.group > 1:
@@ -125,6 +139,19 @@ def _rows(code: Tensor, group: int) -> Tensor:
     if t % group:
         raise ValueError(f"bottleneck_group={group} needs a sequence length that it divides; got {t}")
     return code.reshape(b, t // group, group * k)
+
+
+def _set_table(coder: Encoder | Decoder, basis: Basis, d: int, k: int) -> Basis:
+    """`basis` checked against (d, k) and as dense fp32, its token table copied into the coder's (which has one
+    exactly when the basis does)."""
+    basis = _check(basis, d, k)
+    if (basis.tokens is None) != (coder.tokens is None):
+        raise ValueError(f"a basis {'with' if basis.tokens is not None else 'without'} a token table for a bottleneck "
+                         f"{'without' if coder.tokens is None else 'with'} one")
+    if basis.tokens is not None:
+        with torch.no_grad():
+            coder.tokens.copy_(basis.tokens)
+    return basis
 
 
 def _check(basis: Basis, d: int, k: int) -> Basis:
@@ -174,7 +201,7 @@ def _hiddens(layers: list[nn.Module], cuts: list[int], ids: Tensor, keep_grad: b
     return x, at
 
 
-def _tokens(h: Tensor, sink: int, seq_dim: int) -> Tensor:
+def token_rows(h: Tensor, sink: int, seq_dim: int) -> Tensor:
     """The rows of every token but the first `sink` of each sequence, (B (T - s), ...) float64."""
     h = h.narrow(seq_dim, sink, h.shape[seq_dim] - sink)
     return h.reshape(-1, *h.shape[2:]).double()
@@ -258,10 +285,10 @@ def hidden_moments(layers: list[nn.Module], cuts: Iterable[int], sink: int, batc
                 out, at = _hiddens(layers, cuts, ids, keep_grad=loss is not None)
                 if loss is not None:
                     (loss(out, labels) * labels.numel()).backward()  # per-token gradients: the sum's
-            e = None if emb is None else _tokens(F.embedding(ids, emb), sink, 1)  # (N, d)
+            e = None if emb is None else token_rows(F.embedding(ids, emb), sink, 1)  # (N, d)
             for c, h in at.items():
-                g = None if loss is None else _tokens(h.grad, sink, seq_dim)  # (N, d)
-                stats[c].add(_tokens(h.detach(), sink, seq_dim), e, g)
+                g = None if loss is None else token_rows(h.grad, sink, seq_dim)  # (N, d)
+                stats[c].add(token_rows(h.detach(), sink, seq_dim), e, g)
     finally:
         for p, was in frozen:
             p.requires_grad_(was)

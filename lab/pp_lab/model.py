@@ -476,13 +476,20 @@ def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 # --- whole models ---------------------------------------------------------------------------------
+def layer(cfg: GPTConfig, i: int, checkpoint: str | Path | None = None,
+          bases: dict[int, Basis] | None = None) -> nn.Module:
+    """Entry i of `layers`' list up to the head: 0 the embedding, 1..n_layer the blocks, n_layer + 1 the head."""
+    if i == 0:
+        return Embedding(cfg, checkpoint)
+    return Head(cfg, checkpoint) if i == cfg.n_layer + 1 else Block(cfg, i - 1, checkpoint, bases)
+
+
 def layers(cfg: GPTConfig, checkpoint: str | Path | None = None, bases: dict[int, Basis] | None = None) -> list[nn.Module]:
     """The layer list in one process; with tied embeddings the last entry reuses the first. `bases`: the bottleneck's
     initial basis per cut (pp_lab.bottleneck.calibrate, calibrate_fisher)."""
-    emb = Embedding(cfg, checkpoint)
-    out: list[nn.Module] = [emb, *(Block(cfg, i, checkpoint, bases) for i in range(cfg.n_layer)), Head(cfg, checkpoint)]
+    out = [layer(cfg, i, checkpoint, bases) for i in range(cfg.n_layer + 2)]
     if cfg.tie_embeddings:
-        out.append(_TiedProjection(emb))
+        out.append(_TiedProjection(out[0]))
     return out
 
 

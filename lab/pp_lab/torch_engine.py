@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from pp_lab.bottleneck import Basis
-from pp_lab.model import Block, Embedding, GPTConfig, Head, layers, lm_loss, stage_cuts
+from pp_lab.model import GPTConfig, layer, layers, lm_loss, stage_cuts
 from pp_lab.train import Logger, evaluate_batches, gather_digests, prune_checkpoints, rss_mb
 
 
@@ -41,8 +41,8 @@ class Stage(nn.Module):
 
     def forward(self, *flow: Tensor) -> Any:
         x: Any = flow if len(flow) > 1 else flow[0]
-        for layer in self.parts:
-            x = layer(x)
+        for part in self.parts:
+            x = part(x)
         return x
 
 
@@ -84,8 +84,7 @@ def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_
     if checkpoint is None:  # the same random numbers on every rank: each builds them all and keeps its own slice
         parts = layers(cfg, None, bases)[lo:hi]
     else:  # every weight comes from the checkpoint: each rank loads only its own layers
-        parts = [Embedding(cfg, checkpoint) if i == 0 else Head(cfg, checkpoint) if i == cfg.n_layer + 1
-                 else Block(cfg, i - 1, checkpoint, bases) for i in range(lo, hi)]
+        parts = [layer(cfg, i, checkpoint, bases) for i in range(lo, hi)]
     dev = device()
     mod = Stage(parts).to(dev)
     stage = CompressedPipelineStage(mod, rank, args.stages, dev, compression=compression)  # shapes are inferred

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from pp_lab import data
-from pp_lab.bottleneck import Basis, Moments, _tokens, embedding_of, principal_bases
+from pp_lab.bottleneck import Basis, Moments, embedding_of, principal_bases, token_rows
 from pp_lab.kvcache import load_model
 from pp_lab.model import GPT, lm_loss
 from pp_lab.paths import BENCH
@@ -49,8 +49,8 @@ def encoder_moments(model: GPT, cut: int, ids: Tensor) -> Moments:
 
     def take(_: nn.Module, args: tuple) -> None:
         h, tok = args[0], args[1] if len(args) > 1 else None  # (B, T, d), (B, T) or None
-        e = None if emb is None else _tokens(torch.nn.functional.embedding(tok.long(), emb), cfg.bottleneck_sink, 1)
-        stats.add(_tokens(h.detach(), cfg.bottleneck_sink, 1), e)
+        e = None if emb is None else token_rows(torch.nn.functional.embedding(tok.long(), emb), cfg.bottleneck_sink, 1)
+        stats.add(token_rows(h.detach(), cfg.bottleneck_sink, 1), e)
 
     hook = block.encoder.register_forward_pre_hook(take)
     try:
@@ -63,16 +63,9 @@ def encoder_moments(model: GPT, cut: int, ids: Tensor) -> Moments:
 
 
 def set_basis(model: GPT, cut: int, basis: Basis) -> None:
-    """Block `cut`'s encoder and block `cut + 1`'s decoder as the orthogonal projection of `basis`."""
-    enc, dec = model.layers[cut + 1].encoder, model.layers[cut + 2].decoder
-    with torch.no_grad():
-        enc.weight.copy_(basis.enc)
-        enc.bias.copy_(-(basis.enc @ basis.mu))
-        dec.weight.copy_(basis.dec)
-        dec.bias.copy_(basis.mu)
-        if basis.tokens is not None:
-            enc.tokens.copy_(basis.tokens)
-            dec.tokens.copy_(basis.tokens)
+    """Block `cut`'s encoder and block `cut + 1`'s decoder as `basis` (its orthogonal projection for a PCA basis)."""
+    model.layers[cut + 1].encoder.set_basis(basis)
+    model.layers[cut + 2].decoder.set_basis(basis)
 
 
 def refit(model: GPT, ids: Tensor) -> None:
