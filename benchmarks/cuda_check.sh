@@ -6,7 +6,8 @@
 #    compile every kernel (in parallel when pytest-xdist is importable) into Triton's cache for the benchmarks;
 # 2. benchmarks/ops.py: each preset codec's encode and decode time (CUDA events) next to copy_, its break-even link
 #    bandwidth, at a Megatron-sized activation (8x1024x2048) and an inference message (16 tokens x 576), fp32 and bf16;
-#    the device kernels (ops/triton_int.py, triton_nf.py, triton_vq.py) next to the eager reference (:kernel=eager);
+#    the device kernels (ops/triton_int.py, triton_nf.py, triton_vq.py, triton_pivoted.py) next to the eager
+#    reference (:kernel=eager);
 #    the rotated int and vq kernels with 1, 2 and 4 rows per program (triton_int.ROWS_PER_PROGRAM: the signs shared);
 # 3. benchmarks/vq_search.py: vq's device encoder with its pruned search next to the exhaustive one, and its parts;
 #    benchmarks/codec_profile.py: kernels launched and host synchronizations per encode + decode round;
@@ -40,13 +41,15 @@ step 150 bash -c "set -o pipefail; python3 -m pytest -q -p no:cacheprovider $par
     tests/unit/test_cuda.py 2>&1 | tee '$out/cuda_tests.log'"
 step 100 python3 benchmarks/ops.py --device cuda --spec bf16 --spec int8 --spec int8:kernel=eager --spec int8:rot \
     --spec int8:rot:kernel=eager --spec int4:rot --spec int3:stoch --spec nf6 --spec nf6:kernel=eager --spec vq:4 \
-    --spec vq:4:kernel=eager --spec vq:3 --shape 8x1024x2048 --shape 1x16x576 --dtype fp32 --dtype bf16 --reps 20 \
+    --spec vq:4:kernel=eager --spec vq:3 --spec tile:3.5 --spec tile:3.5:kernel=eager --shape 8x1024x2048 \
+    --shape 1x16x576 --dtype fp32 --dtype bf16 --reps 20 \
     --out "$out/ops_cuda"
 step 50 python3 benchmarks/ops.py --device cuda --spec int8:rot --spec int4:rot --spec vq:4 --shape 8x1024x2048 --dtype fp32 \
     --dtype bf16 --reps 20 --rows-per-program 1 --rows-per-program 2 --rows-per-program 4 --out "$out/ops_rows_per_program"
 step 45 python3 benchmarks/vq_search.py --parts --spec vq:4 --spec vq:3 --shape 8x1024x2048 --shape 16x576 --reps 10 \
     --out "$out/vq_search_cuda.md"
 specs="--spec bf16 --spec int8 --spec int8:rot --spec int4:rot --spec int3:stoch --spec nf6 --spec vq:4 --spec vq:3"
+specs="$specs --spec tile:3.5"
 for dtype in fp32 bf16; do
     step 30 bash -c "set -o pipefail; python3 benchmarks/codec_profile.py --device cuda $specs --shape 8x1024x2048 --dtype $dtype \
         --out '$out/codec_profile_cuda_$dtype.md' 2>&1 | grep -v '^USDT\|UserWarning\|_warn_once'"

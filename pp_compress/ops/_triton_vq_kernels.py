@@ -4,6 +4,7 @@ import triton
 import triton.language as tl
 
 from ._triton_int_kernels import any_nonfinite, butterfly, cast, row_signs
+from ._triton_pivoted_kernels import put_pivots, take_pivots
 
 
 @triton.jit
@@ -56,21 +57,7 @@ def prepare(x_ptr, v_ptr, scale_ptr, vals_ptr, pos_ptr, flag_in_ptr, flag_ovf_pt
         live = tl.zeros((T, S), tl.int64) + row < rows  # (T, S): false past the last row
         y = tl.load(x_ptr + row * D + col, mask=(col < D) & live, other=0.0).to(tl.float32)  # (T, S)
         bad = any_nonfinite(y)
-        # pivots: the K largest |values|, the lowest position first among equals, NaN above all (ops/pivoted.py's
-        # `split`, argmax's order): compared as the integers of their bits, which order non-negative floats and put
-        # NaN above Inf
-        bits = y.to(tl.int32, bitcast=True)  # (T, S)
-        a = tl.where(col < D, bits & 0x7FFFFFFF, -1)  # (T, S): |y|'s bits, -1 for padding and pivots taken
-        for j in tl.static_range(K):
-            top = tl.max(tl.max(a, axis=1), axis=0)
-            p = tl.min(tl.min(tl.where(a == top, col, T * S), axis=1), axis=0)
-            here = col == p  # (T, S)
-            v = tl.max(tl.max(tl.where(here, bits, -2147483648), axis=1), axis=0)  # y[p]'s bits, a NaN's and -0's too
-            tl.store(vals_ptr + row * K + j, v.to(tl.float32, bitcast=True).to(vals_ptr.dtype.element_ty),
-                     mask=row < rows)
-            tl.store(pos_ptr + row * K + j, p.to(tl.int16), mask=row < rows)
-            a = tl.where(here, -1, a)
-            y = tl.where(here, 0.0, y)
+        y = take_pivots(y, col, row, rows, vals_ptr, pos_ptr, D, T, S, K)  # ops/pivoted.py's `split`
         rest = any_nonfinite(y)  # a NaN/Inf left in a tile makes its scale NaN in the reference
         if ROT:
             y = y * INV
@@ -169,9 +156,7 @@ def decode(codes_ptr, cb_ptr, scale_ptr, vals_ptr, pos_ptr, out_ptr, flag_ptr, r
         if ROT:
             y = butterfly(y * INV, T, S, LOGS)
             y = y * signs
-        for k in tl.static_range(K):
-            p = tl.load(pos_ptr + row * K + k, mask=row < rows, other=0).to(tl.int32)
-            y = tl.where(col == p, tl.load(vals_ptr + row * K + k, mask=row < rows, other=0.0).to(tl.float32), y)
+        y = put_pivots(y, col, row, rows, vals_ptr, pos_ptr, K)
         out = cast(y, out_ptr.dtype.element_ty)
         live = (col < D) & (tl.zeros((T, S), tl.int64) + row < rows)  # (T, S)
         tl.store(out_ptr + row * D + col, out, mask=live)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import hadamard
+from . import hadamard, triton_pivoted
 from .base import Context, TensorSpec
 
 MAX_PIVOTS = 8
@@ -58,8 +58,12 @@ def pivot_layout(dm: Dims, dtype: torch.dtype) -> list[TensorSpec]:
 
 
 def split(x: Tensor, dm: Dims, size: int, rot: bool, ctx: Context, salt: str, fused: bool) -> tuple[Tensor, list[Tensor]]:
-    """(tiles (dm.tiles, size) fp32 with the pivots zeroed and rotated if `rot`, [pivot values, int16 positions])."""
+    """(tiles (dm.tiles, size) fp32 with the pivots zeroed and rotated if `rot`, [pivot values, int16 positions]).
+    `fused`: on a CUDA device, one kernel (ops/triton_pivoted.py), the same bits."""
     rows, d, tiles, k = dm
+    if fused and triton_pivoted.usable(x, d, size):
+        t, vals, pos = triton_pivoted.split(x, k, size, rot, ctx.noise_key(salt) if rot else 0)
+        return t, [vals, pos]
     width = tiles // rows * size
     if width == d:  # the rows fill their tiles: one converting copy, no zero fill
         flat = x.reshape(rows, d).to(torch.float32, copy=True)  # (rows, d)
@@ -82,6 +86,8 @@ def merge(t: Tensor, pivots: list[Tensor], dm: Dims, shape: tuple[int, ...], dty
           ctx: Context, salt: str, fused: bool) -> Tensor:
     """Inverse of `split`: tiles (dm.tiles, size) fp32 and the pivots -> a tensor of `shape` in `dtype`."""
     rows, d, _, k = dm
+    if fused and triton_pivoted.usable(t, d, t.shape[1]):
+        return triton_pivoted.merge(t, *pivots, shape, dtype, t.shape[1], rot, ctx.noise_key(salt) if rot else 0)
     flat = t.reshape(rows, -1)  # (rows, d padded)
     if rot:
         flat = hadamard.unrotate(flat, t.shape[1], ctx.noise_key(salt), fused=fused)  # fp32

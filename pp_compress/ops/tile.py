@@ -67,7 +67,8 @@ class TileQuantConfig(OpConfig):
     scale: str = "bf16"
     """Dtype of the per-tile scales (and zero points) on the wire: bf16, fp16 or fp32."""
     kernel: str = "fused"
-    """The tiles' quantizer and rotation: fused (their CPU kernels where they apply; the same codes) or eager."""
+    """The tiles' quantizer, pivots and rotation: fused (their CPU kernels, or on a CUDA device their Triton kernels,
+    where they apply; the same codes) or eager."""
 
     def __post_init__(self) -> None:
         for name in ("lo", "hi"):

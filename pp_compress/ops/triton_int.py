@@ -77,7 +77,8 @@ def usable(like: Tensor, last: int, bits: int, rot: int) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _warps(p: int, n: int) -> int:
+def warps(p: int, n: int) -> int:
+    """Warps for a program holding a (p, n) block: one per 256 values, 1..16."""
     return max(1, min(16, p * n // 256))
 
 
@@ -111,14 +112,14 @@ def _encode_plan(last: int, bits: int, scale_dtype: torch.dtype, rot: int, stoch
     """(the encode kernel's constexprs, its warps): the same few per boundary, worked out once."""
     p, n = tile(last, rot)
     return (last, p, n, bits, bool(rot), stoch, ROUND_UP[scale_dtype], 1 / math.sqrt(n), n.bit_length() - 1,
-            check, r), _warps(p, n)
+            check, r), warps(p, n)
 
 
 @functools.lru_cache(maxsize=1024)
 def _decode_plan(last: int, bits: int, rot: int, check: bool, r: int) -> tuple[tuple, int]:
     """(the decode kernel's constexprs, its warps)."""
     p, n = tile(last, rot)
-    return (last, p, n, bits, bool(rot), 1 / math.sqrt(n), n.bit_length() - 1, check, r), _warps(p, n)
+    return (last, p, n, bits, bool(rot), 1 / math.sqrt(n), n.bit_length() - 1, check, r), warps(p, n)
 
 
 def sym_encode(x: Tensor, bits: int, scale_dtype: torch.dtype, rot: int = 0, rot_key: int = 0,

@@ -39,8 +39,9 @@ import torch
 from torch import Tensor
 
 from .base import Flag
-from .triton_int import MAX_TILE, available, rows_per_program
+from .triton_int import MAX_TILE, available, rows_per_program, warps
 from .triton_launch import launch
+from .triton_pivoted import block
 
 
 @functools.lru_cache(maxsize=256)
@@ -65,20 +66,9 @@ def _kernels() -> ModuleType:
     return _triton_vq_kernels
 
 
-@functools.lru_cache(maxsize=256)
-def _block(d: int, size: int) -> tuple[int, int, int]:
-    """(tiles per row, T, log2(size)) for rows of d values."""
-    tpr = -(-d // size)
-    return tpr, 1 << math.ceil(math.log2(tpr)), size.bit_length() - 1
-
-
 SEARCH_BLOCK = 512
 """Vectors per program of the search: a block with one vector beyond the grid searches every point."""
 SEARCH_WARPS = 4
-
-
-def _warps(t: int, size: int) -> int:
-    return max(1, min(16, t * size // 256))
 
 
 class Grid(NamedTuple):
@@ -100,7 +90,7 @@ def encode(x: Tensor, cb: Tensor, cbmax: float, size: int, dim: int, code_bits: 
     codes). The kernel sets `flag_in` where a value of x is NaN/Inf, `flag_ovf` where a scale overflows."""
     d = x.shape[-1]
     rows = x.numel() // d
-    tpr, t, logs = _block(d, size)
+    tpr, t, logs = block(d, size)
     k = min(pivots, d)
     x = x.contiguous()
     v = torch.empty(rows * tpr * size, dtype=torch.float32, device=x.device)  # the tiles over their scales
@@ -112,7 +102,7 @@ def encode(x: Tensor, cb: Tensor, cbmax: float, size: int, dim: int, code_bits: 
     r = rows_per_program(rows, size if rot else 0)
     launch(_kernels().prepare, -(-rows // r), (x, v, scale, vals, pos, (flag_in or flag_ovf).buf, flag_ovf.buf),
            (rot_key, flag_in.index if flag_in else 0, flag_ovf.index, rows),
-           (d, tpr, t, size, logs, cbmax, k, rot, 1 / math.sqrt(size), flag_in is not None, r), _warps(t, size))
+           (d, tpr, t, size, logs, cbmax, k, rot, 1 / math.sqrt(size), flag_in is not None, r), warps(t, size))
     searched = (grid.cells, grid.candidates.shape[1], grid.lo, grid.inv_h) if grid else (0, 0, 0.0, 0.0)
     launch(_kernels().search, -(-n // SEARCH_BLOCK), (v, cb, grid.candidates if grid else cb, codes), (n,),
            (SEARCH_BLOCK, dim, cb.shape[0], code_bits, *searched), SEARCH_WARPS)
@@ -126,11 +116,11 @@ def decode(codes: Tensor, cb: Tensor, scale: Tensor, vals: Tensor, pos: Tensor, 
     value is not finite (checked in the same pass)."""
     d = shape[-1]
     out = torch.empty(shape, dtype=dtype, device=codes.device)
-    tpr, t, logs = _block(d, size)
+    tpr, t, logs = block(d, size)
     k = vals.numel() * d // out.numel()  # pivots per row
     rows = out.numel() // d
     r = rows_per_program(rows, size if rot else 0)
     launch(_kernels().decode, -(-rows // r), (codes, cb, scale, vals, pos, out, flag.buf if flag else out),
            (rot_key, flag.index if flag else 0, rows),
-           (d, tpr, t, size, logs, dim, code_bits, k, rot, 1 / math.sqrt(size), flag is not None, r), _warps(t, size))
+           (d, tpr, t, size, logs, dim, code_bits, k, rot, 1 / math.sqrt(size), flag is not None, r), warps(t, size))
     return out

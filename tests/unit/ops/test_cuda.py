@@ -118,6 +118,21 @@ def test_the_triton_kernels_are_the_eager_reference_on_cuda(spec, dtype, shape):
     assert_matches_reference(op, eager, x, ctx)
 
 
+@pytest.mark.parametrize("spec", ["tile:3.5", "tile:3:lo=2:hi=4:stoch", "tile:2.5:lo=2:hi=3:size=32:pivots=2",
+                                  "tile:3.5:rot=false:pivots=0"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tile_through_the_pivot_kernels_is_the_eager_reference_on_cuda(spec, dtype):
+    """Compiled for the device, ops/triton_pivoted.py's kernels (tile's pivots and rotation) give the eager reference's
+    payloads and reconstructions bitwise, as the interpreter does on CPU (tests/unit/ops/test_triton_pivoted.py)."""
+    from pp_compress.ops import triton_pivoted
+
+    x = (torch.randn(4, 128, 576, generator=torch.Generator().manual_seed(3)) * 3).to(device="cuda", dtype=dtype)
+    x[..., 0, 5] = 400.0
+    op, eager = ppc.build(spec), ppc.build(f"{spec}:kernel=eager")
+    assert triton_pivoted.usable(x, 576, op.config.size)
+    assert_matches_reference(op, eager, x, ppc.Context(step=5, micro_batch=2))
+
+
 def test_the_triton_kernels_take_fp16_and_report_non_finite_rows():
     from pp_compress.ops import triton_int
 

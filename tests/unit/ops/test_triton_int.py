@@ -172,7 +172,7 @@ def test_a_decoded_non_finite_value_is_reported_like_the_reference(spec, interpr
 COMPILE = """
 import math
 from pp_compress.ops import _triton_int_kernels as K
-from pp_compress.ops.triton_int import tile, _warps
+from pp_compress.ops.triton_int import tile, warps
 from tests.unit.ops.interpreted import hopper_ptx
 for dtype, bits, rot, stoch, last, r in [("fp32", 8, 256, False, 2048, 4), ("bf16", 8, 128, False, 2048, 4),
                                          ("bf16", 8, 0, True, 576, 1), ("fp16", 4, 64, True, 576, 4), ("bf16", 3, 0, False, 40, 1)]:
@@ -184,9 +184,9 @@ for dtype, bits, rot, stoch, last, r in [("fp32", 8, 256, False, 2048, 4), ("bf1
            "slot": "i32", "rows": "i32"}
     dec = {"codes_ptr": codes, "scale_ptr": "*bf16", "out_ptr": f"*{dtype}", "flag_ptr": "*i32", "rkey": "i64", "slot": "i32",
            "rows": "i32"}
-    ptx = hopper_ptx(K.encode, enc, {**const, "STOCH": stoch, "BUMP": 2.0**-7, "FLAG": True}, _warps(p, n))
+    ptx = hopper_ptx(K.encode, enc, {**const, "STOCH": stoch, "BUMP": 2.0**-7, "FLAG": True}, warps(p, n))
     assert last < 576 or "ld.global.v4" in ptx, (dtype, bits)  # vector loads of x
-    hopper_ptx(K.decode, dec, {**const, "FLAG": True}, _warps(p, n))
+    hopper_ptx(K.decode, dec, {**const, "FLAG": True}, warps(p, n))
 for bits, exp in [("*i32", 0x7F800000), ("*i16", 0x7F80)]:
     hopper_ptx(K.screen, {"bits_ptr": bits, "flag_ptr": "*i32", "n": "i32", "slot": "i32"}, {"BLOCK": 4096, "EXP": exp}, 4)
 print("compiled")

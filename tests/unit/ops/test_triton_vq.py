@@ -146,19 +146,21 @@ COMPILE = """
 import math
 from pp_compress.ops import _triton_vq_kernels as K
 from pp_compress.ops import vq
-from pp_compress.ops.triton_vq import SEARCH_BLOCK, SEARCH_WARPS, _block, _warps
+from pp_compress.ops.triton_int import warps
+from pp_compress.ops.triton_pivoted import block
+from pp_compress.ops.triton_vq import SEARCH_BLOCK, SEARCH_WARPS
 from tests.unit.ops.interpreted import hopper_ptx as build
 
 for dtype, d, size, dim, bits, k, rot, r in [("fp32", 2048, 64, 2, 8, 1, True, 4), ("bf16", 576, 64, 2, 6, 1, True, 1),
                                              ("fp16", 576, 16, 4, 8, 2, False, 1), ("bf16", 40, 64, 1, 3, 0, True, 1),
                                              ("bf16", 2048, 64, 2, 6, 1, True, 4)]:
-    tpr, t, logs = _block(d, size)
+    tpr, t, logs = block(d, size)
     common = {"D": d, "TPR": tpr, "T": t, "S": size, "LOGS": logs}
     prep = {"x_ptr": f"*{dtype}", "v_ptr": "*fp32", "scale_ptr": "*bf16", "vals_ptr": f"*{dtype}", "pos_ptr": "*i16",
             "flag_in_ptr": "*i32", "flag_ovf_ptr": "*i32", "rkey": "i64", "slot_in": "i32", "slot_ovf": "i32",
             "rows": "i32"}
     build(K.prepare, prep, {**common, "CBMAX": vq.max_coord(dim, bits), "K": k, "ROT": rot, "INV": 1 / math.sqrt(size),
-                            "FLAG_IN": True, "R": r}, _warps(t, size))
+                            "FLAG_IN": True, "R": r}, warps(t, size))
     g = vq.search_grid(dim, bits)
     search = {"v_ptr": "*fp32", "cb_ptr": "*fp32", "cand_ptr": "*u8", "codes_ptr": "*u8", "n": "i32"}
     for grid in [{"CELLS": g.cells, "KC": g.candidates.shape[1], "LO": g.lo, "INV_H": g.inv_h},
@@ -167,7 +169,7 @@ for dtype, d, size, dim, bits, k, rot, r in [("fp32", 2048, 64, 2, 8, 1, True, 4
     dec = {"codes_ptr": "*u8", "cb_ptr": "*fp32", "scale_ptr": "*bf16", "vals_ptr": f"*{dtype}", "pos_ptr": "*i16",
            "out_ptr": f"*{dtype}", "flag_ptr": "*i32", "rkey": "i64", "slot": "i32", "rows": "i32"}
     build(K.decode, dec, {**common, "DIM": dim, "CBITS": bits, "K": k, "ROT": rot, "INV": 1 / math.sqrt(size),
-                          "FLAG": True, "R": r}, _warps(t, size))
+                          "FLAG": True, "R": r}, warps(t, size))
 print("compiled")
 """
 
