@@ -14,7 +14,7 @@ Three tables, side by side in one run:
   `clone` through autograd: the boundary's own host cost per micro-batch, which a host-bound training step pays at
   every boundary;
 - with --profile, cProfile's functions with the most host time for each spec's small round trip (and, with
-  --boundary, for its boundary).
+  --boundary, for its boundary, its backward included), and the package's own functions by cumulative time.
 """
 from __future__ import annotations
 
@@ -100,15 +100,21 @@ def profile(spec: str, x: torch.Tensor, calls: int, top: int, boundary: bool = F
     fn = boundary_round(spec, x) if boundary else lambda: op.decompress(op.compress(x, ctx), ctx)
     fn()
     prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
+    # on an accelerator autograd runs the backward on a device thread, which cProfile does not see: here it runs in
+    # this one, so that the boundary's backward (the gradient's encode and decode) is profiled too
+    with torch.autograd.set_multithreading_enabled(False):
+        prof.enable()
+        for _ in range(calls):
+            fn()
+        prof.disable()
     sync(x.device)
     if ctx.deferred is not None:
         ctx.deferred.raise_pending()
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats("tottime").print_stats(top)
+    text.write("The package's own functions by cumulative time:\n")
+    stats.sort_stats("cumulative").print_stats("pp_compress/", top)
     return text.getvalue()
 
 
