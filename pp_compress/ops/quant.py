@@ -25,8 +25,8 @@ from . import fused, hadamard, triton_int
 from .bits import pack_bits, packed_nbytes, unpack_bits
 from .base import (Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite, input_message, new_flag,
                    settle)
-from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, check_kernel, check_per, check_scale, from_groups, group_dims,
-                     round_down, round_scale, safe_scale, to_groups)
+from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, block_size, check_kernel, check_per, check_scale, from_groups,
+                     group_dims, round_down, round_scale, safe_scale, to_groups)
 
 INT_BITS = (1, 2, 3, 4, 5, 6, 7, 8)
 ROT_FORMS = "rot (auto) | rot=<power of two> | rot=off"
@@ -62,8 +62,8 @@ class IntQuantConfig(OpConfig):
     """Randomized Hadamard rotation over blocks of the last dim: off; auto (bare `rot`: the largest power of two
     up to 256 that divides the last dim); or a block size, a power of two >= 2 that must divide the last dim."""
     kernel: str = "fused"
-    """fused: on a CUDA device, one Triton kernel each way (ops/triton_int.py) for symmetric per-row codes of 2..8
-    bits, nearest or stochastic, with or without rotation; on CPU, the one-pass kernel (ops/fused.py) where this
+    """fused: on a CUDA device, one Triton kernel each way (ops/triton_int.py) for symmetric codes of 2..8 bits,
+    nearest or stochastic, per row (with or without rotation) or per block that tiles the tensor (without); on CPU, the one-pass kernel (ops/fused.py) where this
     configuration has one: symmetric, nearest or
     stochastic (the same draws), per row or per block of a multiple of 8 values that tile the tensor, and the
     Hadamard rotation (blocks of a multiple of 8), in the same pass where groups and blocks nest (one size divides
@@ -131,13 +131,14 @@ class IntQuant(Compressor):
     def _encode(self, x: Tensor, ctx: Context) -> Payload:
         c = self.config
         n = c.rot_block(tuple(x.shape), ctx.name)
-        on_device = self._on_device(x, x.shape[-1], n)
+        row = self._device_row(tuple(x.shape), n)
+        on_device = self._on_device(x, row, n)
         size = 0 if on_device else self._fused_rot_size(tuple(x.shape), x, n)
         if on_device:  # one kernel: [rotation], scales, rounding, packing
             key = ctx.noise_key("int") if c.stoch else None
             flag = new_flag(ctx, x.device, FloatingPointError, input_message(ctx)) if (
                 self.nonfinite == "raise" and self._kernel_checks_input()) else None
-            codes, scale = triton_int.sym_encode(x, c.bits, SCALE_DTYPES[c.scale], n,
+            codes, scale = triton_int.sym_encode(x.reshape(-1, row), c.bits, SCALE_DTYPES[c.scale], n,
                                                  ctx.noise_key("rot") if n else 0, key, flag)
             p = Payload((codes, scale), x.shape, x.dtype)
             if flag is not None:
@@ -165,14 +166,15 @@ class IntQuant(Compressor):
         shape = tuple(payload.shape)
         n = c.rot_block(shape, ctx.name)
         codes = payload.tensors[0]
-        if self._on_device(codes, shape[-1] if shape else 1, n):
+        row = self._device_row(shape, n)
+        if self._on_device(codes, row, n):
             flag = new_flag(ctx, codes.device, FloatingPointError, self.output_message(ctx, payload.dtype)) if (
                 self.nonfinite == "raise") else None
-            out = triton_int.sym_decode(codes, payload.tensors[1], shape, payload.dtype, c.bits, n,
-                                        ctx.noise_key("rot") if n else 0, flag)
+            out = triton_int.sym_decode(codes, payload.tensors[1], (TensorSpec(shape, payload.dtype).numel // row, row),
+                                        payload.dtype, c.bits, n, ctx.noise_key("rot") if n else 0, flag)
             if flag is not None:
                 settle(flag, ctx)
-            return out
+            return out.reshape(shape)
         if not n:
             return self._dequantize(payload)
         if size := self._fused_rot_size(shape, payload.tensors[0], n):
@@ -184,7 +186,8 @@ class IntQuant(Compressor):
         return hadamard.unrotate(y, n, ctx.noise_key("rot"), payload.dtype, self.config.kernel == "fused")
 
     def screens_input(self, x: Tensor) -> bool:
-        return self._kernel_checks_input() and self._on_device(x, x.shape[-1] if x.dim() else 1, self._rot(x.shape))
+        n = self._rot(x.shape)
+        return self._kernel_checks_input() and self._on_device(x, self._device_row(tuple(x.shape), n), n)
 
     def _kernel_checks_input(self) -> bool:
         """Whether the device kernel's NaN/Inf flag stands for compress's input check: with bf16 or fp32 scales,
@@ -193,7 +196,8 @@ class IntQuant(Compressor):
 
     def screens_output(self, payload: Payload) -> bool:
         shape = tuple(payload.shape)
-        return bool(payload.tensors) and self._on_device(payload.tensors[0], shape[-1] if shape else 1, self._rot(shape))
+        n = self._rot(shape)
+        return bool(payload.tensors) and self._on_device(payload.tensors[0], self._device_row(shape, n), n)
 
     def _rot(self, shape: tuple[int, ...]) -> int:
         """The rotation block for `shape`, 0 where none fits (the operator's own call then names the error)."""
@@ -202,11 +206,22 @@ class IntQuant(Compressor):
         except ValueError:
             return 0
 
-    def _on_device(self, like: Tensor, last: int, n: int) -> bool:
-        """Whether the device kernels (ops/triton_int.py) encode and decode this tensor: symmetric per-row codes."""
+    def _device_row(self, shape: tuple[int, ...], n: int) -> int:
+        """The rows the device kernels would take a tensor of `shape` in (0: none): its last dim per row; blocks of N
+        per block<N> without rotation, where they tile the tensor (a block of the flattened tensor is then a row of
+        its own, with the same codes, scales and noise positions)."""
         c = self.config
-        return (c.kernel == "fused" and c.per == "row" and not (c.asym or c.compile)
-                and triton_int.usable(like, last, c.bits, n))
+        if c.per == "row":
+            return shape[-1] if shape else 1
+        size = block_size(c.per)
+        return size if size and not n and TensorSpec(shape, torch.float32).numel % size == 0 else 0
+
+    def _on_device(self, like: Tensor, row: int, n: int) -> bool:
+        """Whether the device kernels (ops/triton_int.py) encode and decode this tensor: symmetric codes per row of
+        `row` values (`_device_row`)."""
+        c = self.config
+        return (c.kernel == "fused" and row > 0 and not (c.asym or c.compile)
+                and triton_int.usable(like, row, c.bits, n))
 
     def _fused_size(self, shape: tuple[int, ...], like: Tensor) -> int:
         """The group size when the fused kernel takes this tensor (0 when the reference runs)."""

@@ -39,6 +39,14 @@ def test_e2e_key_ignores_warmup_and_spelling():
     assert fr.e2e_key("int8", []) != fr.e2e_key("int8", ["--subspace", "48"])
 
 
+def test_e2e_key_leaves_out_the_run_length():
+    """A 600-step run of a setting takes the step times e2e measured for that setting in a short run."""
+    bn = ["--bottleneck", "288", "--bottleneck-tokens"]
+    assert fr.e2e_key("vq:4", [*bn, "--steps", "600"]) == fr.e2e_key("vq:4", bn)
+    assert fr.e2e_key("vq:4", bn).endswith(" --bottleneck 288 --bottleneck-tokens")
+    assert fr.e2e_key("vq:4", ["--steps", "600", *bn]) == fr.e2e_key("vq:4", bn)
+
+
 def _run(final_curve, act_wire, grad_wire, raw=4.0):
     evals = [(s, v) for s, v in final_curve]
     return {"evals": evals, "final": evals[-1][1], "wire": act_wire + grad_wire, "act_wire": act_wire, "grad_wire": grad_wire,

@@ -100,6 +100,7 @@ def test_mdtopk_learns_and_sends_without_waiting_for_the_device(mode):
 
 
 TRITON_SPECS = ["int8", "int8:rot", "int8:stoch", "int4:rot", "int3:rot:stoch", "int6", "int2:stoch:scale=fp16",
+                "int4:per=block64", "int8:per=block32:stoch",
                 "vq:4", "vq:3", "vq:2:dim=4", "vq:3:dim=1:pivots=2", "vq:4:rot=false:scale=fp16",
                 "nf4", "nf6", "nf8:scale=fp32", "nf2:stoch", "nf5:stoch:per=block64"]
 

@@ -49,6 +49,21 @@ def test_the_device_kernels_are_the_eager_reference_bitwise(spec, dtype, interpr
     assert checked >= 2  # every spec meets at least two of the shapes
 
 
+@pytest.mark.parametrize("spec", ["int8:per=block64", "int4:per=block32:stoch", "int3:per=block128:scale=fp16",
+                                  "int6:per=block8", "int4:per=block64:rot"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_block_codes_take_the_kernels_where_their_blocks_tile_the_tensor(spec, dtype, interpreted):
+    """A block of the flattened tensor is a row of its own: where the blocks tile the tensor (and nothing rotates),
+    the kernels take it, with the eager reference's bits; elsewhere the reference runs."""
+    eager, op = ppc.build(f"{spec}:kernel=eager"), ppc.build(spec)
+    block = int(op.config.per[5:])
+    for shape in [(2, 3, 576), (4, 512), (3, 40)]:
+        x = sample(shape, dtype)
+        ctx = ppc.Context(step=3, micro_batch=1)
+        assert op.screens_output(op.compress(x, ctx)) == (x.numel() % block == 0 and "rot" not in spec)
+        assert_matches_reference(op, eager, x, ctx)
+
+
 @pytest.mark.parametrize("spec", ["int8:rot", "int3:rot:stoch", "int4", "int8:scale=fp16"])
 def test_a_program_that_takes_several_rows_gives_the_same_bits(spec, interpreted, monkeypatch):
     """Several rows per program (the rotation's signs computed once for them), the last program's rows partly past
