@@ -67,10 +67,17 @@ def time_to_target(steps: float | None, step_s: float, warmup: int = 0, warm_ste
     return warm * (warm_step_s if warmup else 0.0) + (steps - warm) * step_s
 
 
+RUN_LENGTH = {"--steps"}
+"""Recipe options that set how long a run trains, not what a step costs: left out of the e2e key, so that a longer
+run of a setting takes the step times measured for it."""
+
+
 def e2e_key(spec: str, options: list[str]) -> str:
-    """The spec (canonical, warm-up removed: e2e measures the steady state) plus the run's own recipe options."""
+    """The spec (canonical, warm-up removed: e2e measures the steady state) plus the run's own recipe options, those
+    that set the run's length (RUN_LENGTH, with their values) left out."""
     cfg = dataclasses.replace(ppc.parse_spec(spec), warmup_steps=0)
-    return " ".join([str(cfg), *options])
+    kept = [o for i, o in enumerate(options) if o not in RUN_LENGTH and (i == 0 or options[i - 1] not in RUN_LENGTH)]
+    return " ".join([str(cfg), *kept])
 
 
 def load_e2e(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
@@ -171,7 +178,7 @@ TESTBEDS = {"long": Testbed("small GPT", LONG, "base", "base-seed1", "long",
             # step times of SmolLM2 itself over the links (untied, like the small GPT's: the links carry pipeline
             # traffic only; its tied embedding's all-reduce is 4x that traffic, which no pipeline compression touches)
             "smollm2": Testbed("SmolLM2-135M", SMOLLM2, "sm-base", "sm-base-seed1", "smollm2", ("parity_*.json",), "none",
-                               e2e=("e2e_smollm2",))}
+                               e2e=("e2e_smollm2", "e2e_smollm2_bottleneck"))}
 
 
 def frontier(runs: dict[str, dict[str, Any]], e2e: list[dict[str, dict[str, dict[str, Any]]]], verdicts: dict[str, str],
