@@ -79,9 +79,11 @@ def rne(q):
 
 
 @triton.jit(do_not_specialize=["rkey", "key", "slot", "rows"])  # a key that happens to be 1 must not become a constant
-def encode(x_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, slot, rows, LAST: tl.constexpr, P: tl.constexpr,
+def encode(x_ptr, idx_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, slot, rows, LAST: tl.constexpr, P: tl.constexpr,
            N: tl.constexpr, BITS: tl.constexpr, ROT: tl.constexpr, STOCH: tl.constexpr, BUMP: tl.constexpr,
-           INV: tl.constexpr, LOGN: tl.constexpr, FLAG: tl.constexpr, R: tl.constexpr):
+           INV: tl.constexpr, LOGN: tl.constexpr, FLAG: tl.constexpr, R: tl.constexpr, GATHER: tl.constexpr):
+    """Codes and a scale per row of x; with GATHER, row i is x's row idx[i] (int64), as if gathered first (the noise
+    follows i)."""
     col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N) positions in the row
     whole = tl.broadcast_to((tl.arange(0, P) < LAST // N)[:, None], (P, N))  # whole tile rows: vector accesses
     top: tl.constexpr = 2 ** (BITS - 1) - 1
@@ -90,7 +92,10 @@ def encode(x_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, slot, rows, LAST: t
     for r in tl.static_range(R):
         row = tl.program_id(0).to(tl.int64) * R + r
         valid = whole & (tl.zeros((P, N), tl.int64) + row < rows)  # (P, N); rows past the end: none
-        y = tl.load(x_ptr + row * LAST + col, mask=valid, other=0.0).to(tl.float32)  # (P, N)
+        src = row
+        if GATHER:
+            src = tl.load(idx_ptr + row, mask=row < rows, other=0)
+        y = tl.load(x_ptr + src * LAST + col, mask=valid, other=0.0).to(tl.float32)  # (P, N)
         bad = any_nonfinite(y)  # of x itself, before any arithmetic
         if ROT:
             y = y * INV
@@ -121,9 +126,10 @@ def encode(x_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, slot, rows, LAST: t
 
 
 @triton.jit(do_not_specialize=["rkey", "slot", "rows"])
-def decode(codes_ptr, scale_ptr, out_ptr, flag_ptr, rkey, slot, rows, LAST: tl.constexpr, P: tl.constexpr,
+def decode(codes_ptr, scale_ptr, idx_ptr, out_ptr, flag_ptr, rkey, slot, rows, LAST: tl.constexpr, P: tl.constexpr,
            N: tl.constexpr, BITS: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, LOGN: tl.constexpr,
-           FLAG: tl.constexpr, R: tl.constexpr):
+           FLAG: tl.constexpr, R: tl.constexpr, SCATTER: tl.constexpr):
+    """The rows of the codes and scales, in out's dtype; with SCATTER, row i goes to out's row idx[i] (int64)."""
     col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N)
     whole = tl.broadcast_to((tl.arange(0, P) < LAST // N)[:, None], (P, N))  # whole tile rows: vector accesses
     top: tl.constexpr = 2 ** (BITS - 1) - 1
@@ -146,7 +152,10 @@ def decode(codes_ptr, scale_ptr, out_ptr, flag_ptr, rkey, slot, rows, LAST: tl.c
             y = butterfly(y * INV, P, N, LOGN)
             y = y * signs
         out = cast(y, out_ptr.dtype.element_ty)
-        tl.store(out_ptr + row * LAST + col, out, mask=valid)
+        dst = row
+        if SCATTER:
+            dst = tl.load(idx_ptr + row, mask=row < rows, other=0)
+        tl.store(out_ptr + dst * LAST + col, out, mask=valid)
         if FLAG:  # flag = 1 where any output is NaN/Inf (in the output's dtype): the decode's own finiteness check
             tl.atomic_max(flag_ptr + slot, 1, mask=any_nonfinite(tl.where(valid, out.to(tl.float32), 0.0)))
 

@@ -128,19 +128,37 @@ class IntQuant(Compressor):
             layout.append(TensorSpec((groups,), sdt))
         return layout
 
-    def _encode(self, x: Tensor, ctx: Context) -> Payload:
+    def encode_rows(self, x: Tensor, rows: Tensor, ctx: Context) -> Payload:
+        """`encode(x[rows], ctx)` for x (n, last) and int64 row indices: the device kernels read the rows where they
+        are, without the gathered copy (`tile`'s high and low tiles)."""
+        return self._encode(x, ctx, rows) if rows.numel() else self.encode(x[rows], ctx)
+
+    def decode_rows(self, payload: Payload, out: Tensor, rows: Tensor, ctx: Context) -> None:
+        """out[rows] = decode(payload, ctx), for out (n, last) in the payload's dtype: the device kernels write the
+        rows where they go, without the decoded copy."""
+        shape = tuple(payload.shape)
+        n = self.config.rot_block(shape, ctx.name)
+        if rows.numel() and self.config.per == "row" and self._on_device(payload.tensors[0], shape[-1], n):
+            self._device_decode(payload, (rows.numel(), shape[-1]), n, ctx, (out, rows))
+        else:
+            out[rows] = self.decode(payload, ctx)
+
+    def _encode(self, x: Tensor, ctx: Context, rows: Tensor | None = None) -> Payload:
         c = self.config
-        n = c.rot_block(tuple(x.shape), ctx.name)
-        row = self._device_row(tuple(x.shape), n)
-        on_device = self._on_device(x, row, n)
+        shape = tuple(x.shape) if rows is None else (rows.numel(), x.shape[-1])  # what is encoded: x, or x[rows]
+        n = c.rot_block(shape, ctx.name)
+        row = self._device_row(shape, n)
+        on_device = self._on_device(x, row, n) and (rows is None or c.per == "row")
+        if rows is not None and not on_device:
+            x, rows = x[rows], None
         size = 0 if on_device else self._fused_rot_size(tuple(x.shape), x, n)
         if on_device:  # one kernel: [rotation], scales, rounding, packing
             key = ctx.noise_key("int") if c.stoch else None
             flag = new_flag(ctx, x.device, FloatingPointError, input_message(ctx)) if (
                 self.nonfinite == "raise" and self._kernel_checks_input()) else None
             codes, scale = triton_int.sym_encode(x.reshape(-1, row), c.bits, SCALE_DTYPES[c.scale], n,
-                                                 ctx.noise_key("rot") if n else 0, key, flag)
-            p = Payload((codes, scale), x.shape, x.dtype)
+                                                 ctx.noise_key("rot") if n else 0, key, flag, rows)
+            p = Payload((codes, scale), torch.Size(shape), x.dtype)
             if flag is not None:
                 settle(flag, ctx)
                 return p
@@ -168,13 +186,8 @@ class IntQuant(Compressor):
         codes = payload.tensors[0]
         row = self._device_row(shape, n)
         if self._on_device(codes, row, n):
-            flag = new_flag(ctx, codes.device, FloatingPointError, self.output_message(ctx, payload.dtype)) if (
-                self.nonfinite == "raise") else None
-            out = triton_int.sym_decode(codes, payload.tensors[1], (TensorSpec(shape, payload.dtype).numel // row, row),
-                                        payload.dtype, c.bits, n, ctx.noise_key("rot") if n else 0, flag)
-            if flag is not None:
-                settle(flag, ctx)
-            return out.reshape(shape)
+            rows_shape = (TensorSpec(shape, payload.dtype).numel // row, row)
+            return self._device_decode(payload, rows_shape, n, ctx).reshape(shape)
         if not n:
             return self._dequantize(payload)
         if size := self._fused_rot_size(shape, payload.tensors[0], n):
@@ -184,6 +197,20 @@ class IntQuant(Compressor):
                                                   like).reshape(shape)
         y = self._dequantize(Payload(payload.tensors, payload.shape, torch.float32))  # rotated values, fp32
         return hadamard.unrotate(y, n, ctx.noise_key("rot"), payload.dtype, self.config.kernel == "fused")
+
+    def _device_decode(self, payload: Payload, rows_shape: tuple[int, int], n: int, ctx: Context,
+                       into: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """The device kernel's decode of `payload` as rows (rows, row), with its output check: into a new tensor, or
+        with `into` = (out, rows) into out[rows]."""
+        c = self.config
+        message = self.output_message(ctx, payload.dtype)
+        device = payload.tensors[0].device
+        flag = new_flag(ctx, device, FloatingPointError, message) if self.nonfinite == "raise" else None
+        out = triton_int.sym_decode(payload.tensors[0], payload.tensors[1], rows_shape, payload.dtype, c.bits, n,
+                                    ctx.noise_key("rot") if n else 0, flag, into)
+        if flag is not None:
+            settle(flag, ctx)
+        return out
 
     def screens_input(self, x: Tensor) -> bool:
         n = self._rot(x.shape)

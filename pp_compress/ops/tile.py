@@ -92,8 +92,11 @@ class TileQuant(Compressor):
     def __init__(self, config: TileQuantConfig, nonfinite: str = "raise") -> None:
         super().__init__(config, nonfinite)
         c = config
+        # nonfinite="allow": this operator checks its own input and output, and a tile that overflows (finite
+        # values whose rotation does not fit fp32) is caught by the parts' check of their scales, which runs under
+        # every policy and says the same on every path (a device kernel's own flag would call it NaN input)
         self.parts = [IntQuant(IntQuantConfig(bits=b, per="row", asym=c.asym, stoch=c.stoch, scale=c.scale,
-                                              kernel=c.kernel))
+                                              kernel=c.kernel), "allow")
                       for b in (c.hi, c.lo)]
         """The quantizers of the high and the low tiles (each tile is one row of its group)."""
 
@@ -121,7 +124,7 @@ class TileQuant(Compressor):
         high[spread.topk(n_hi).indices] = True
         bitmap = pack_bits(high.to(torch.uint8), 1) if 0 < n_hi < dm.tiles else x.new_empty((0,), dtype=torch.uint8)
         order = _order(high)  # (tiles,)
-        parts = [part.encode(t[rows], ctx).tensors for part, rows in zip(self.parts, (order[:n_hi], order[n_hi:]))]
+        parts = [part.encode_rows(t, rows, ctx).tensors for part, rows in zip(self.parts, (order[:n_hi], order[n_hi:]))]
         return Payload((bitmap, *parts[0], *parts[1], *pivots), x.shape, x.dtype)
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
@@ -139,7 +142,7 @@ class TileQuant(Compressor):
         n = len(self.parts[0].wire_layout((1, c.size), torch.float32))  # tensors per part
         for j, (part, rows) in enumerate(zip(self.parts, (order[:n_hi], order[n_hi:]))):
             size = torch.Size((len(rows), c.size))
-            t[rows] = part.decode(Payload(tuple(rest[j * n:(j + 1) * n]), size, torch.float32), ctx)
+            part.decode_rows(Payload(tuple(rest[j * n:(j + 1) * n]), size, torch.float32), t, rows, ctx)  # t[rows]
         return pivoted.merge(t, rest[2 * n:], dm, shape, payload.dtype, c.rot, ctx, "tile-rot", c.kernel == "fused")
 
 

@@ -31,7 +31,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from .base import Flag
+from .base import Flag, TensorSpec
 from .groups import ROUND_UP
 from .triton_launch import launch
 
@@ -108,49 +108,56 @@ def rows_per_program(rows: int, rot: int) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def _encode_plan(last: int, bits: int, scale_dtype: torch.dtype, rot: int, stoch: bool, check: bool,
-                 r: int) -> tuple[tuple, int]:
+                 r: int, gather: bool) -> tuple[tuple, int]:
     """(the encode kernel's constexprs, its warps): the same few per boundary, worked out once."""
     p, n = tile(last, rot)
     return (last, p, n, bits, bool(rot), stoch, ROUND_UP[scale_dtype], 1 / math.sqrt(n), n.bit_length() - 1,
-            check, r), warps(p, n)
+            check, r, gather), warps(p, n)
 
 
 @functools.lru_cache(maxsize=1024)
-def _decode_plan(last: int, bits: int, rot: int, check: bool, r: int) -> tuple[tuple, int]:
+def _decode_plan(last: int, bits: int, rot: int, check: bool, r: int, scatter: bool) -> tuple[tuple, int]:
     """(the decode kernel's constexprs, its warps)."""
     p, n = tile(last, rot)
-    return (last, p, n, bits, bool(rot), 1 / math.sqrt(n), n.bit_length() - 1, check, r), warps(p, n)
+    return (last, p, n, bits, bool(rot), 1 / math.sqrt(n), n.bit_length() - 1, check, r, scatter), warps(p, n)
 
 
 def sym_encode(x: Tensor, bits: int, scale_dtype: torch.dtype, rot: int = 0, rot_key: int = 0,
-               key: int | None = None, flag: Flag | None = None) -> tuple[Tensor, Tensor]:
+               key: int | None = None, flag: Flag | None = None, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Codes (ceil(numel * bits / 8),) uint8 and one scale per row (rows,) in `scale_dtype` of x (..., last), as
     ops/quant.py's per-row reference; `rot` the Hadamard block and `rot_key` its signs' key (ops/hadamard.py), `key`
     the stochastic rounding's noise key (None: round to nearest). With `flag`, the kernel also sets it where a value
-    of x is not finite (checked in the same pass)."""
+    of x is not finite (checked in the same pass). With `rows` (int64 indices of x's rows), those rows in that order:
+    the codes of x[rows] without the gathered copy."""
     last = x.shape[-1]
-    rows = x.numel() // last
-    r = rows_per_program(rows, rot)
-    consts, warps = _encode_plan(last, bits, scale_dtype, rot, key is not None, flag is not None, r)
+    n_rows = x.numel() // last if rows is None else rows.numel()
+    r = rows_per_program(n_rows, rot)
+    consts, warps_ = _encode_plan(last, bits, scale_dtype, rot, key is not None, flag is not None, r, rows is not None)
     x = x.contiguous()
-    codes = torch.empty(x.numel() * bits // 8, dtype=torch.int8 if bits == 8 else torch.uint8, device=x.device)
-    scale = torch.empty(rows, dtype=scale_dtype, device=x.device)  # (rows,)
-    launch(_kernels().encode, -(-rows // r), (x, codes, scale, flag.buf if flag else scale),
-           (rot_key, key or 0, flag.index if flag else 0, rows), consts, warps)
+    codes = torch.empty(n_rows * last * bits // 8, dtype=torch.int8 if bits == 8 else torch.uint8, device=x.device)
+    scale = torch.empty(n_rows, dtype=scale_dtype, device=x.device)  # (rows,)
+    tensors = (x, x if rows is None else rows, codes, scale, flag.buf if flag else scale)
+    ints = (rot_key, key or 0, flag.index if flag else 0, n_rows)
+    launch(_kernels().encode, -(-n_rows // r), tensors, ints, consts, warps_)
     return codes.view(torch.uint8), scale
 
 
 def sym_decode(codes: Tensor, scale: Tensor, shape: tuple[int, ...], dtype: torch.dtype, bits: int, rot: int = 0,
-               rot_key: int = 0, flag: Flag | None = None) -> Tensor:
+               rot_key: int = 0, flag: Flag | None = None, into: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Inverse of sym_encode: the tensor of `shape` in `dtype` from codes and per-row scales; with `flag`, the kernel
-    also sets it where an output value is not finite (checked in the same pass)."""
-    out = torch.empty(shape, dtype=dtype, device=codes.device)
-    rows = out.numel() // shape[-1]
-    r = rows_per_program(rows, rot)
-    consts, warps = _decode_plan(shape[-1], bits, rot, flag is not None, r)
-    launch(_kernels().decode, -(-rows // r), (codes.view(torch.int8) if bits == 8 else codes, scale, out,
-                                              flag.buf if flag else out), (rot_key, flag.index if flag else 0, rows),
-           consts, warps)
+    also sets it where an output value is not finite (checked in the same pass). With `into` = (out, rows), the
+    decoded rows are written to out[rows] instead (out (..., shape[-1]) of `dtype`, rows int64 indices), and out is
+    returned."""
+    if into is None:
+        out, rows = torch.empty(shape, dtype=dtype, device=codes.device), None
+    else:
+        out, rows = into
+    n_rows = TensorSpec(tuple(shape), dtype).numel // shape[-1]
+    r = rows_per_program(n_rows, rot)
+    consts, warps_ = _decode_plan(shape[-1], bits, rot, flag is not None, r, rows is not None)
+    launch(_kernels().decode, -(-n_rows // r), (codes.view(torch.int8) if bits == 8 else codes, scale,
+                                                out if rows is None else rows, out, flag.buf if flag else out),
+           (rot_key, flag.index if flag else 0, n_rows), consts, warps_)
     return out
 
 

@@ -195,13 +195,15 @@ for dtype, bits, rot, stoch, last, r in [("fp32", 8, 256, False, 2048, 4), ("bf1
     const = {"LAST": last, "P": p, "N": n, "BITS": bits, "ROT": bool(rot), "INV": 1 / math.sqrt(n), "LOGN": n.bit_length() - 1,
              "R": r}
     codes = "*i8" if bits == 8 else "*u8"
-    enc = {"x_ptr": f"*{dtype}", "codes_ptr": codes, "scale_ptr": "*bf16", "flag_ptr": "*i32", "rkey": "i64", "key": "i64",
-           "slot": "i32", "rows": "i32"}
-    dec = {"codes_ptr": codes, "scale_ptr": "*bf16", "out_ptr": f"*{dtype}", "flag_ptr": "*i32", "rkey": "i64", "slot": "i32",
-           "rows": "i32"}
-    ptx = hopper_ptx(K.encode, enc, {**const, "STOCH": stoch, "BUMP": 2.0**-7, "FLAG": True}, warps(p, n))
-    assert last < 576 or "ld.global.v4" in ptx, (dtype, bits)  # vector loads of x
-    hopper_ptx(K.decode, dec, {**const, "FLAG": True}, warps(p, n))
+    enc = {"x_ptr": f"*{dtype}", "idx_ptr": "*i64", "codes_ptr": codes, "scale_ptr": "*bf16", "flag_ptr": "*i32",
+           "rkey": "i64", "key": "i64", "slot": "i32", "rows": "i32"}
+    dec = {"codes_ptr": codes, "scale_ptr": "*bf16", "idx_ptr": "*i64", "out_ptr": f"*{dtype}", "flag_ptr": "*i32",
+           "rkey": "i64", "slot": "i32", "rows": "i32"}
+    for indexed in (False, True):  # tile's parts gather and scatter their rows
+        ptx = hopper_ptx(K.encode, enc, {**const, "STOCH": stoch, "BUMP": 2.0**-7, "FLAG": True, "GATHER": indexed},
+                         warps(p, n))
+        assert last < 576 or "ld.global.v4" in ptx, (dtype, bits)  # vector loads of x
+        hopper_ptx(K.decode, dec, {**const, "FLAG": True, "SCATTER": indexed}, warps(p, n))
 for bits, exp in [("*i32", 0x7F800000), ("*i16", 0x7F80)]:
     hopper_ptx(K.screen, {"bits_ptr": bits, "flag_ptr": "*i32", "n": "i32", "slot": "i32"}, {"BLOCK": 4096, "EXP": exp}, 4)
 print("compiled")

@@ -11,7 +11,7 @@ from tests.unit.ops.interpreted import (assert_matches_reference, compiles_for_h
 import_kernels("_triton_pivoted_kernels")
 
 import pp_compress as ppc  # noqa: E402
-from pp_compress.ops import pivoted, triton_pivoted  # noqa: E402
+from pp_compress.ops import pivoted, triton_int, triton_pivoted  # noqa: E402
 
 SPECS = ["tile:3.5", "tile:3:lo=2:hi=4:stoch", "tile:3.5:rot=false:pivots=0", "tile:2.5:lo=2:hi=3:size=32:pivots=2",
          "tile:4:lo=4:pivots=8", "tile:3.5:asym", "tile:3:lo=1:hi=4:size=16", "tile:8:lo=8:hi=8:stoch:scale=fp32"]
@@ -20,7 +20,8 @@ SHAPES = [(2, 3, 576), (4, 512), (3, 40), (2, 100)]
 
 @pytest.fixture
 def interpreted(monkeypatch):
-    """pivoted.split and merge take the device path for CPU tensors, where the interpreter runs the kernels."""
+    """pivoted.split and merge, and the int kernels of tile's parts (gathering and scattering their rows), take the
+    device path for CPU tensors, where the interpreter runs the kernels."""
     calls = []
 
     def usable(like, d, size):
@@ -28,6 +29,8 @@ def interpreted(monkeypatch):
         return like.numel() > 0 and triton_pivoted.supports(d, size)
 
     monkeypatch.setattr(triton_pivoted, "usable", usable)
+    monkeypatch.setattr(triton_int, "usable", lambda like, last, bits, rot: like.numel() > 0
+                        and triton_int.supports(last, bits, rot))
     return calls
 
 
@@ -81,6 +84,23 @@ def test_under_nonfinite_allow_the_device_path_does_what_the_reference_does(bad,
             outcomes.append(("raised", str(e).replace(":kernel=eager", "").split(" (max")[0]))
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][:2] == (("ok", [[1, 3]]) if len(bad) == 1 else ("raised", outcomes[0][1]))
+
+
+@pytest.mark.parametrize("bits,rot,stoch", [(8, 0, False), (4, 0, True), (3, 64, False)])
+def test_the_int_kernels_gather_and_scatter_rows_as_indexing_does(bits, rot, stoch):
+    """sym_encode of x's rows `rows` is sym_encode of x[rows]; sym_decode into out[rows] is that assignment."""
+    x = sample((10, 64), torch.float32)
+    rows = torch.tensor([7, 0, 3, 9, 2], dtype=torch.int64)
+    key = 11 if stoch else None
+    want = triton_int.sym_encode(x[rows], bits, torch.bfloat16, rot, 5, key)
+    got = triton_int.sym_encode(x, bits, torch.bfloat16, rot, 5, key, rows=rows)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    out = torch.full((10, 64), -1.0)
+    back = triton_int.sym_decode(*got, (5, 64), torch.float32, bits, rot, 5, into=(out, rows))
+    assert back is out
+    expected = torch.full((10, 64), -1.0)
+    expected[rows] = triton_int.sym_decode(*want, (5, 64), torch.float32, bits, rot, 5)
+    assert torch.equal(out, expected)
 
 
 def test_which_rows_the_kernels_take():
