@@ -16,6 +16,21 @@ def butterfly(y, P: tl.constexpr, N: tl.constexpr, LOGN: tl.constexpr):
 
 
 @triton.jit
+def rotate(y, signs, INV: tl.constexpr, P: tl.constexpr, N: tl.constexpr, LOGN: tl.constexpr):
+    """The randomized Hadamard transform of each row of y (P, N): y / sqrt(N) * signs, then the butterfly (the eager
+    reference's order: ops/hadamard.py)."""
+    y = y * INV
+    y = y * signs
+    return butterfly(y, P, N, LOGN)
+
+
+@triton.jit
+def unrotate(y, signs, INV: tl.constexpr, P: tl.constexpr, N: tl.constexpr, LOGN: tl.constexpr):
+    """The inverse of `rotate`: the butterfly of y / sqrt(N), then * signs."""
+    return butterfly(y * INV, P, N, LOGN) * signs
+
+
+@triton.jit
 def cast(y, dtype: tl.constexpr):
     """fp32 y in `dtype`, rounded to nearest even as torch's casts; bf16 by integer arithmetic, because Triton's
     interpreter truncates there (NaN stays NaN: its top bits do not change)."""
@@ -98,9 +113,7 @@ def encode(x_ptr, idx_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, slot, rows
         y = tl.load(x_ptr + src * LAST + col, mask=valid, other=0.0).to(tl.float32)  # (P, N)
         bad = any_nonfinite(y)  # of x itself, before any arithmetic
         if ROT:
-            y = y * INV
-            y = y * signs
-            y = butterfly(y, P, N, LOGN)
+            y = rotate(y, signs, INV, P, N, LOGN)
         absmax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)  # the device's max drops NaNs: `bad` looked for them
         if FLAG:  # flag = 1 where any input is NaN/Inf: the encoder's own input check
             tl.atomic_max(flag_ptr + slot, 1, mask=bad)
@@ -149,8 +162,7 @@ def decode(codes_ptr, scale_ptr, idx_ptr, out_ptr, flag_ptr, rkey, slot, rows, L
             q = tl.reshape(c.to(tl.float32), (P, N)) - top
         y = q * tl.load(scale_ptr + row, mask=row < rows, other=0.0).to(tl.float32)
         if ROT:
-            y = butterfly(y * INV, P, N, LOGN)
-            y = y * signs
+            y = unrotate(y, signs, INV, P, N, LOGN)
         out = cast(y, out_ptr.dtype.element_ty)
         dst = row
         if SCATTER:

@@ -3,7 +3,7 @@ is installed; see there for what they do and why they are the eager reference's 
 import triton
 import triton.language as tl
 
-from ._triton_int_kernels import butterfly, cast, row_signs
+from ._triton_int_kernels import cast, rotate, row_signs, unrotate
 
 
 @triton.jit
@@ -51,9 +51,7 @@ def split(x_ptr, t_ptr, vals_ptr, pos_ptr, rkey, rows, D: tl.constexpr, TPR: tl.
         y = tl.load(x_ptr + row * D + col, mask=(col < D) & live, other=0.0).to(tl.float32)  # (T, S)
         y = take_pivots(y, col, row, rows, vals_ptr, pos_ptr, D, T, S, K)
         if ROT:
-            y = y * INV
-            y = y * signs
-            y = butterfly(y, T, S, LOGS)
+            y = rotate(y, signs, INV, T, S, LOGS)
         tl.store(t_ptr + row * (TPR * S) + col, y, mask=(t < TPR) & live)
 
 
@@ -71,7 +69,6 @@ def merge(t_ptr, vals_ptr, pos_ptr, out_ptr, rkey, rows, D: tl.constexpr, TPR: t
         live = tl.zeros((T, S), tl.int64) + row < rows  # (T, S)
         y = tl.load(t_ptr + row * (TPR * S) + col, mask=(t < TPR) & live, other=0.0)  # (T, S)
         if ROT:
-            y = butterfly(y * INV, T, S, LOGS)
-            y = y * signs
+            y = unrotate(y, signs, INV, T, S, LOGS)
         y = put_pivots(y, col, row, rows, vals_ptr, pos_ptr, K)
         tl.store(out_ptr + row * D + col, cast(y, out_ptr.dtype.element_ty), mask=(col < D) & live)

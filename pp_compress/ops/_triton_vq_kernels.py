@@ -3,7 +3,7 @@ why they are the eager reference's bitwise)."""
 import triton
 import triton.language as tl
 
-from ._triton_int_kernels import any_nonfinite, butterfly, cast, row_signs
+from ._triton_int_kernels import any_nonfinite, cast, rotate, row_signs, unrotate
 from ._triton_pivoted_kernels import put_pivots, take_pivots
 
 
@@ -60,9 +60,7 @@ def prepare(x_ptr, v_ptr, scale_ptr, vals_ptr, pos_ptr, flag_in_ptr, flag_ovf_pt
         y = take_pivots(y, col, row, rows, vals_ptr, pos_ptr, D, T, S, K)  # ops/pivoted.py's `split`
         rest = any_nonfinite(y)  # a NaN/Inf left in a tile makes its scale NaN in the reference
         if ROT:
-            y = y * INV
-            y = y * signs
-            y = butterfly(y, T, S, LOGS)
+            y = rotate(y, signs, INV, T, S, LOGS)
         # per tile: RMS scale, computed as (y / peak)^2 summed, / S, sqrt, * peak (no overflow on the way)
         peak = tl.maximum(tl.max(tl.abs(y), axis=1), 1.1754943508222875e-38)  # (T,) clamped to fp32's tiny
         q = tl.math.div_rn(y, peak[:, None])
@@ -154,8 +152,7 @@ def decode(codes_ptr, cb_ptr, scale_ptr, vals_ptr, pos_ptr, out_ptr, flag_ptr, r
         y = y * tl.load(scale_ptr + row * TPR + tiles, mask=(tiles < TPR) & (tiles * 0 + row < rows),
                         other=0.0).to(tl.float32)[:, None]
         if ROT:
-            y = butterfly(y * INV, T, S, LOGS)
-            y = y * signs
+            y = unrotate(y, signs, INV, T, S, LOGS)
         y = put_pivots(y, col, row, rows, vals_ptr, pos_ptr, K)
         out = cast(y, out_ptr.dtype.element_ty)
         live = (col < D) & (tl.zeros((T, S), tl.int64) + row < rows)  # (T, S)

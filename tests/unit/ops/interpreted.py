@@ -72,6 +72,20 @@ def errors(specs: tuple[str, ...], call: Callable[[Compressor, ppc.Context], obj
     return out
 
 
+def allowed_outcomes(specs: tuple[str, ...], x: torch.Tensor) -> list[tuple]:
+    """What each spec's operator does with x under nonfinite="allow": ("ok", the output's NaN positions, the output
+    with NaN as 0) or ("raised", the error, ':kernel=eager' and the reference's detail taken out)."""
+    outcomes: list[tuple] = []
+    for spec in specs:
+        op = ppc.parse_spec(spec).spec_for(0, "act").build("allow")
+        try:
+            y = op.decompress(op.compress(x, ppc.Context()), ppc.Context())
+            outcomes.append(("ok", y.isnan().nonzero().tolist(), y.nan_to_num().tolist()))
+        except FloatingPointError as e:
+            outcomes.append(("raised", str(e).replace(":kernel=eager", "").split(" (max")[0]))
+    return outcomes
+
+
 def hopper_ptx(fn, sig: dict[str, str], consts: dict, warps: int) -> str:
     """The PTX of the kernel `fn` compiled for sm_90 (`pp_lab.bench.ptxas.sm90_ptx`: no GPU needed, no contracted
     multiply-adds); asserts that it holds no contracted or approximate fp32 arithmetic."""
