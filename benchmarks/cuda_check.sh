@@ -41,7 +41,8 @@ step 150 bash -c "set -o pipefail; python3 -m pytest -q -p no:cacheprovider $par
     tests/unit/test_cuda.py 2>&1 | tee '$out/cuda_tests.log'"
 step 100 python3 benchmarks/ops.py --device cuda --spec bf16 --spec int8 --spec int8:kernel=eager --spec int8:rot \
     --spec int8:rot:kernel=eager --spec int4:rot --spec int3:stoch --spec nf6 --spec nf6:kernel=eager --spec vq:4 \
-    --spec vq:4:kernel=eager --spec vq:3 --spec tile:3.5 --spec tile:3.5:kernel=eager --shape 8x1024x2048 \
+    --spec vq:4:kernel=eager --spec vq:3 --spec tile:3.5 --spec tile:3.5:kernel=eager --spec int4:per=block64 \
+    --spec int4:per=block64:kernel=eager --shape 8x1024x2048 \
     --shape 1x16x576 --dtype fp32 --dtype bf16 --reps 20 \
     --out "$out/ops_cuda"
 step 50 python3 benchmarks/ops.py --device cuda --spec int8:rot --spec int4:rot --spec vq:4 --shape 8x1024x2048 --dtype fp32 \
