@@ -1,8 +1,8 @@
 """The preset operators on a CUDA device (skipped without one): payloads stay on the device and their bytes match the
 layout. Per-row quantizers send the CPU reference's codes (the same IEEE divisions and roundings). Rotating codecs
-(`rot`, `tile`, `vq`) draw their random signs from the device's generator, another stream than the CPU's, so their
-codes differ by design: they must reconstruct as well as on CPU. TopK may break ties among equal magnitudes (common
-in bf16) the other way: it must keep the same magnitudes. On a GPU machine: `bash benchmarks/cuda_check.sh`."""
+(`rot`, `tile`, `vq`) are held here to reconstructing as well as on CPU; their device kernels are held bitwise to the
+eager reference on the same device further down. TopK may break ties among equal magnitudes (common in bf16) the
+other way: it must keep the same magnitudes. On a GPU machine: `bash benchmarks/cuda_check.sh`."""
 import pytest
 import torch
 
