@@ -1,5 +1,5 @@
-"""The Triton kernels of ops/triton_pivoted.py, and the pivot helpers that vq's kernels share (imported only where Triton
-is installed; see there for what they do and why they are the eager reference's bitwise)."""
+"""The Triton kernels of ops/triton_pivoted.py, and the pivot helpers that vq's kernels share (imported only where
+Triton is installed; see there for what they do and why they are the eager reference's bitwise)."""
 import triton
 import triton.language as tl
 

@@ -25,8 +25,8 @@ from . import fused, hadamard, triton_int
 from .bits import pack_bits, packed_nbytes, unpack_bits
 from .base import (Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite, input_message, new_flag,
                    settle)
-from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, block_size, check_kernel, check_per, check_scale, from_groups,
-                     group_dims, round_down, round_scale, safe_scale, to_groups)
+from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, block_size, check_kernel, check_per, check_scale,
+                     from_groups, group_dims, round_down, round_scale, safe_scale, to_groups)
 
 INT_BITS = (1, 2, 3, 4, 5, 6, 7, 8)
 ROT_FORMS = "rot (auto) | rot=<power of two> | rot=off"
@@ -63,11 +63,11 @@ class IntQuantConfig(OpConfig):
     up to 256 that divides the last dim); or a block size, a power of two >= 2 that must divide the last dim."""
     kernel: str = "fused"
     """fused: on a CUDA device, one Triton kernel each way (ops/triton_int.py) for symmetric codes of 2..8 bits,
-    nearest or stochastic, per row (with or without rotation) or per block that tiles the tensor (without); on CPU, the one-pass kernel (ops/fused.py) where this
-    configuration has one: symmetric, nearest or
-    stochastic (the same draws), per row or per block of a multiple of 8 values that tile the tensor, and the
-    Hadamard rotation (blocks of a multiple of 8), in the same pass where groups and blocks nest (one size divides
-    the other); the codes are bitwise the reference's.
+    nearest or stochastic, per row (with or without rotation) or per block that tiles the tensor (without); on CPU,
+    the one-pass kernel (ops/fused.py) where this configuration has one: symmetric, nearest or stochastic (the same
+    draws), per row or per block of a multiple of 8 values that tile the tensor, and the Hadamard rotation (blocks
+    of a multiple of 8), in the same pass where groups and blocks nest (one size divides the other); the codes are
+    bitwise the reference's.
     eager: always the reference tensor code."""
     compile: bool = False
     """Run the symmetric round-to-nearest kernels through torch.compile (fused passes: ~3x faster int8

@@ -1,5 +1,5 @@
-"""Device kernels for ops/pivoted.py's `split` and `merge` (what `tile` runs around its integer codes): one Triton kernel
-each way, where the torch code takes two kernels per pivot and about four per level of the rotation's butterfly.
+"""Device kernels for ops/pivoted.py's `split` and `merge` (what `tile` runs around its integer codes): one Triton
+kernel each way, where the torch code takes two kernels per pivot and about four per level of the rotation's butterfly.
 
 - `split`, one program per row of the last dim (or, with the rotation on a large tensor, triton_int's ROWS_PER_PROGRAM
   rows one after the other, sharing the rotation's signs), holding it as a (T, S) block in registers (S the tile size,
