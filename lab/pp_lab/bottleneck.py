@@ -58,19 +58,31 @@ FROM_DATA: tuple[str, ...] = ("pca", "fisher")
 """The inits computed from a pretrained model's hidden states (`calibrate`, `calibrate_fisher`)."""
 
 
-class Encoder(nn.Module):
+class _Coder(nn.Module):
+    """What the encoder and the decoder share: a linear map (weight (out, in), bias (out,)) and the basis's frozen
+    token table (V, d) or None, all set from a basis (`set_basis`), not drawn, so that the model's other weights see
+    the same random numbers as without a bottleneck; the table is in the checkpoint."""
+
+    def __init__(self, weight: tuple[int, int], basis: Basis, trainable: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(weight), requires_grad=trainable)  # (out, in)
+        self.bias = nn.Parameter(torch.empty(weight[0]), requires_grad=trainable)  # (out,)
+        self.register_buffer("tokens", None if basis.tokens is None else torch.empty(basis.tokens.shape))  # (V, d)
+        self.set_basis(basis)
+
+    def set_basis(self, basis: Basis) -> None:
+        """Weight, bias and token table from `basis`, in place: the encoder's map or the decoder's."""
+        raise NotImplementedError
+
+
+class Encoder(_Coder):
     """h (B, T, d) [or (T, B, d) with seq_dim 0] [, token ids (B, T)] -> (code, sink (B, s, d)); the code is (B, T, k),
     or with `group` g (B, T / g, g k): g tokens' codes in one row, so that a codec with a fixed cost per row (a scale,
     vq's pivot) pays it over g k values instead of k. With the basis's token table the code is of h - T[ids]."""
 
     def __init__(self, d: int, k: int, sink: int, seq_dim: int, basis: Basis, trainable: bool, group: int = 1) -> None:
-        super().__init__()
+        super().__init__((k, d), basis, trainable)
         self.sink, self.seq_dim, self.group = sink, seq_dim, group
-        # parameters set from the basis, not drawn: the model's other weights see the same random numbers as without
-        self.weight = nn.Parameter(torch.empty(k, d), requires_grad=trainable)  # (k, d)
-        self.bias = nn.Parameter(torch.empty(k), requires_grad=trainable)  # (k,)
-        self.register_buffer("tokens", None if basis.tokens is None else torch.empty(basis.tokens.shape))  # (V, d)
-        self.set_basis(basis)  # the table: frozen, in the checkpoint; or None
 
     def set_basis(self, basis: Basis) -> None:
         """W_e, b_e = -W_e mu and the token table from `basis` (in place)."""
@@ -92,17 +104,13 @@ class Encoder(nn.Module):
         return _rows(torch.cat([zeros, code], dim=dim), self.group), sink
 
 
-class Decoder(nn.Module):
+class Decoder(_Coder):
     """(code, sink (B, s, d) [, token ids (B, T)]) -> h (B, T, d): the decoded code (plus T[ids] with the basis's
     token table), with the first s tokens replaced by the sink."""
 
     def __init__(self, d: int, k: int, seq_dim: int, basis: Basis, trainable: bool, group: int = 1) -> None:
-        super().__init__()
+        super().__init__((d, k), basis, trainable)
         self.seq_dim, self.k, self.group = seq_dim, k, group
-        self.weight = nn.Parameter(torch.empty(d, k), requires_grad=trainable)  # (d, k)
-        self.bias = nn.Parameter(torch.empty(d), requires_grad=trainable)  # (d,)
-        self.register_buffer("tokens", None if basis.tokens is None else torch.empty(basis.tokens.shape))  # (V, d)
-        self.set_basis(basis)  # the table: frozen, in the checkpoint; or None
 
     def set_basis(self, basis: Basis) -> None:
         """W_d, b_d = mu and the token table from `basis` (in place)."""

@@ -13,6 +13,7 @@ Wire: ceil(n * b / 8) bytes of codes + one scale per group (+ one zero point if 
 from __future__ import annotations
 
 import functools
+import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -186,7 +187,7 @@ class IntQuant(Compressor):
         codes = payload.tensors[0]
         row = self._device_row(shape, n)
         if self._on_device(codes, row, n):
-            rows_shape = (TensorSpec(shape, payload.dtype).numel // row, row)
+            rows_shape = (math.prod(shape) // row, row)
             return self._device_decode(payload, rows_shape, n, ctx).reshape(shape)
         if not n:
             return self._dequantize(payload)

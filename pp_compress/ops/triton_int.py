@@ -31,7 +31,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from .base import Flag, TensorSpec
+from .base import Flag
 from .groups import ROUND_UP
 from .triton_launch import launch
 
@@ -152,7 +152,7 @@ def sym_decode(codes: Tensor, scale: Tensor, shape: tuple[int, ...], dtype: torc
         out, rows = torch.empty(shape, dtype=dtype, device=codes.device), None
     else:
         out, rows = into
-    n_rows = TensorSpec(tuple(shape), dtype).numel // shape[-1]
+    n_rows = math.prod(shape[:-1])  # per message: no TensorSpec on the hot path
     r = rows_per_program(n_rows, rot)
     consts, warps_ = _decode_plan(shape[-1], bits, rot, flag is not None, r, rows is not None)
     launch(_kernels().decode, -(-n_rows // r), (codes.view(torch.int8) if bits == 8 else codes, scale,
