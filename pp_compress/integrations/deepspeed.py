@@ -9,6 +9,8 @@ Only this file imports deepspeed. What it relies on (tested with DeepSpeed `TEST
   swaps that name for the duration of the call;
 - the uncompressed activation meta (shape, dtype) is still exchanged once by DeepSpeed's own
   handshake, and both sides derive the payload layout from it; receive buffers are our own;
+- a non-last stage's backward pass backpropagates a single-tensor output with `outputs.backward(self.grad_layer)`
+  (`_OneBackwardPass` gives it one root in place of several float outputs);
 - `client_state` is written per stage by data-parallel rank 0 only, so compression state goes to a
   file per global rank next to the checkpoint;
 - on CPU, DeepSpeed's communication op creates a shared-memory allreduce buffer per rank
@@ -152,7 +154,27 @@ class _Compressed:
 
 
 
-class CompressedPipelineEngine(_Compressed, PipelineEngine):
+class _OneBackwardPass(PipelineEngine):
+    """One backward pass per micro-batch on a stage that sends several float tensors (a hidden state and a side
+    tensor, say). DeepSpeed backpropagates a stage's float outputs one at a time (`out.backward(grad,
+    retain_graph=True)` for each), so such a stage walks its whole graph once per tensor, and its backward costs
+    that many times as much. This hands DeepSpeed a single root instead, r = sum_i <o_i, g_i>: its gradient with
+    respect to each output o_i is exactly the received g_i (1 * g_i), so one pass delivers them all. DeepSpeed's own
+    hooks on each output still see their gradient, and the rest of its backward (flags, bf16 buffers, timers) runs as
+    before. The parameters' gradients are DeepSpeed's up to the order in which two paths' contributions are added
+    (as in torch.distributed.pipelining, whose stages take one pass over all their outputs)."""
+
+    def _exec_backward_pass(self, buffer_id: int) -> None:
+        outputs = self.pipe_buffers["outputs"][buffer_id]
+        several = not (self.is_last_stage() or torch.is_tensor(outputs) or self.is_pipe_partitioned)
+        outs = [t for t in outputs if t.is_floating_point()] if several else []
+        if len(outs) > 1 and all(t.requires_grad for t in outs):  # else DeepSpeed's own path (and its own errors)
+            root = sum((o * g).sum() for o, g in zip(outs, self.grad_layer))  # () : the inner products' sum
+            self.pipe_buffers["outputs"][buffer_id], self.grad_layer = root, torch.ones_like(root)
+        super()._exec_backward_pass(buffer_id)
+
+
+class CompressedPipelineEngine(_Compressed, _OneBackwardPass):
     """PipelineEngine with compressed SendActivation/RecvActivation/SendGrad/RecvGrad."""
 
     pp_compress: StageCompression
@@ -246,13 +268,15 @@ class CompressedPipelineEngine(_Compressed, PipelineEngine):
         schedule.RecvActivation: _exec_recv_activations,
         schedule.SendGrad: _exec_send_grads,
         schedule.RecvGrad: _exec_recv_grads,
+        schedule.BackwardPass: _OneBackwardPass._exec_backward_pass,
     }
 
 if DualPipeVEngine is not None:
-    class CompressedDualPipeVEngine(_Compressed, DualPipeVEngine):
+    class CompressedDualPipeVEngine(_Compressed, DualPipeVEngine, _OneBackwardPass):
         """DualPipeVEngine whose batched p2p carries compressed payloads. Rank r runs model stage r in phase 0 and model
         stage 2N - 1 - r in phase 1 (N ranks, 2N model stages); boundary b lies between model stages b and b + 1. Its
-        receives are posted with the other p2p ops of a step and decoded once CommitP2P has waited for them."""
+        receives are posted with the other p2p ops of a step and decoded once CommitP2P has waited for them. Its
+        backward pass calls PipelineEngine's through super(), which this class's order makes `_OneBackwardPass`'s."""
 
         def pp_compress_setup(self, cfg: CompressionConfig) -> None:
             specs = [cfg.activations, cfg.gradients, *(x for o in cfg.boundaries.values() for x in (o.activations, o.gradients) if x)]

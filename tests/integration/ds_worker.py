@@ -35,6 +35,8 @@ ap.add_argument("--eval-options", action="store_true", help="also eval_batch(ret
 ap.add_argument("--act-ckpt", action="store_true", help="activation checkpointing (activation_checkpoint_interval=1)")
 ap.add_argument("--reshape", action="store_true", help="(MBS, T, D) inputs, T = 8 for the first half of the steps and 4 "
                 "after, with engine.reset_activation_shape() between")
+ap.add_argument("--pair", action="store_true", help="every stage sends two float tensors, (hidden, a side tensor "
+                "made from it) and counts the backward passes through its first layer")
 ap.add_argument("--out", required=True)
 args = ap.parse_args()
 
@@ -80,6 +82,26 @@ class OnHidden(nn.Module):
         return self.mod(x[0]) if self.last else (self.mod(x[0]), x[1])
 
 
+PASSES = {"backward": 0}
+
+
+class Pair(nn.Module):
+    """--pair: (h, side) -> (y, y[:, :2]) with y = linear(h + side's mean), so that both tensors a stage sends carry
+    gradient back; the first layer takes x alone, the last returns y alone. Its weight's hook counts the backward
+    passes through it."""
+
+    def __init__(self, a, b, first=False, last=False, count=False):
+        super().__init__()
+        self.mod, self.first, self.last = nn.Linear(a, b), first, last
+        if count:
+            self.mod.weight.register_hook(lambda g: PASSES.__setitem__("backward", PASSES["backward"] + 1))
+
+    def forward(self, x):
+        h = x if self.first else x[0] + x[1].mean(-1, keepdim=True)  # (MBS, a)
+        y = torch.tanh(self.mod(h))  # (MBS, b)
+        return y if self.last else (y, y[:, :2] * 2)
+
+
 class GPT2ModelPipe(PipelineModule):
     """DeepSpeed keys has_attention_mask on this class name (--mask)."""
 
@@ -91,6 +113,12 @@ def make_engine():
         from pp_lab.pipeline import pipeline_module
 
         model = pipeline_module(GPTConfig.preset("tiny", vocab_size=VOCAB, layout="sbh"), args.stages, tp=args.tp)
+    elif args.pair:  # two layers per model stage (two stages per rank under DualPipeV), the first counting passes
+        n = 2 * args.stages * (2 if args.dualpipev else 1)
+        layers = [LayerSpec(Pair, D if i == 0 else H, D if i == n - 1 else H, first=i == 0, last=i == n - 1,
+                            count=i % 2 == 0) for i in range(n)]
+        model = (DualPipeVModule if args.dualpipev else PipelineModule)(
+            layers=layers, num_stages=args.stages, loss_fn=nn.MSELoss(), partition_method="uniform")
     else:
         layers = [LayerSpec(OnHidden, "linear", D, H), LayerSpec(OnHidden, "gelu")]
         for _ in range(2 * args.stages - 2):
@@ -174,7 +202,7 @@ step_time = (time.perf_counter() - t0) / steps
 sent_train = SENT["bytes"]
 result = {"rank": rank, "stage": engine.stage_id, "engine": type(engine).__name__, "dp": dp_id,
           "tp": engine.grid.get_slice_parallel_rank() if args.tp else 0, "losses": losses, "sent_bytes": sent_train,
-          "step_time": step_time,
+          "step_time": step_time, "backward_passes": PASSES["backward"],
           "stats": engine.pp_compress_stats() if hasattr(engine, "pp_compress_stats") else {}}
 if args.ckpt:
     engine.save_checkpoint(args.ckpt)

@@ -56,3 +56,26 @@ def test_dualpipev_identity_is_bitwise_stock_and_int8_compresses(tmp_path):
     assert all(v["ratio"] > 3.5 for v in rows.values())
     for a, b in zip(int8[0]["losses"], stock256[0]["losses"]):  # rank 0 holds the loss stage
         assert abs(a - b) <= 0.02 * abs(b) + 1e-3
+
+
+
+@pytest.mark.parametrize("engine", ["pipeline", "dualpipev"])
+def test_several_float_outputs_take_one_backward_pass(tmp_path, engine):
+    """DeepSpeed backpropagates each float tensor a stage sends on its own, walking the stage's graph once per tensor;
+    the compressed engine walks it once for all of them, with the same gradients up to the order of a sum. Each model
+    stage counts the passes through its first layer: per micro-batch, a stage that sends two tensors takes 2 in stock
+    DeepSpeed, the loss stage 1; a DualPipeV rank holds two model stages (rank 0: the first and the loss stage)."""
+    steps, gas = 3, 4  # the worker's 4 micro-batches per step
+    dualpipev = ("--dualpipev", "--enable") if engine == "dualpipev" else ()
+    if dualpipev:
+        pytest.importorskip("deepspeed.runtime.pipe.dualpipev", reason="DualPipeV came with DeepSpeed 0.19.7")
+    stock, _ = run(tmp_path / "stock", 2, "--steps", str(steps), "--pair", *dualpipev[:1])
+    ident, _ = run(tmp_path / "ident", 2, "--steps", str(steps), "--pair", "--spec", "identity", *dualpipev)
+    stock_per_mb, ident_per_mb = ({0: 3, 1: 4}, {0: 2, 1: 2}) if dualpipev else ({0: 2, 1: 1}, {0: 1, 1: 1})
+    assert {r: v["backward_passes"] for r, v in stock.items()} == {r: n * steps * gas for r, n in stock_per_mb.items()}, \
+        "DeepSpeed's backward changed: if it now takes one pass, _OneBackwardPass can go"
+    assert {r: v["backward_passes"] for r, v in ident.items()} == {r: n * steps * gas for r, n in ident_per_mb.items()}
+    loss_rank = 0 if dualpipev else 1
+    for a, b in zip(ident[loss_rank]["losses"], stock[loss_rank]["losses"], strict=True):
+        assert a == pytest.approx(b, rel=1e-5)
+    assert ident[loss_rank]["eval"] == pytest.approx(stock[loss_rank]["eval"], rel=1e-5)
