@@ -208,7 +208,7 @@ SMOLLM2: dict[str, str] = {
 # Then the best d/2 setting for 600 steps (`tokens-long`: the baseline's 200 steps three times over, its own cosine
 # schedule): no setting at or below 2 bits reached the baseline's final loss in 200 steps, and the time to that loss
 # (steps to target x step time per link) is what decides on a slow link. Its loss rule is not comparable (not equal
-# steps). At ~24 s a step it takes about 4 hours, longer than a session: it goes on from its checkpoint where runs/
+# steps). It takes longer than a session: it goes on from its checkpoint where runs/
 # survives the session (it restarts from the beginning where it does not). It runs before the rest of the grid: a
 # bottleneck that costs the model more than 0.05 where the grid's other rows start (d/4 and below) cannot reach
 # the 2-bit goal's parity in 200 steps, so the question that is left is whether d/2 gets there with more steps.
