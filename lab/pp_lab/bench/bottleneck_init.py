@@ -27,6 +27,12 @@ its id, the code carrying the rest).
 
 adds, for each codec on the codes, the sink token through each --sink-codec as well: in process the sink passes
 exactly, while a pipeline sends it through its codec too (it is at least min_numel values at the study's sizes).
+
+    python benchmarks/bottleneck_init.py --k 288 --k 144 --calib 384 --tokens --grad-energy --codec vq:4 \
+        --out results/bench/bottleneck_init_grad_energy_smollm2.md
+
+adds what each bottleneck passes back of the loss's gradient at each cut (`grad_energy`): the layers before a cut
+learn only from what it passes.
 """
 from __future__ import annotations
 
@@ -37,13 +43,23 @@ import sys
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 import pp_compress as ppc
 from pp_lab import data
-from pp_lab.bottleneck import FROM_DATA, embedding_of, fisher_bases, hidden_moments, principal_bases
+from pp_lab.bottleneck import FROM_DATA, Basis, embedding_of, fisher_bases, hidden_moments, principal_bases
 from pp_lab.convert import DEFAULT_OUT
 from pp_lab.model import GPT, GPTConfig, id_dtype, lm_loss, stage_cuts
 from pp_lab.paths import BENCH
+
+
+def grad_energy(basis: Basis, grad: Tensor) -> float:
+    """The share of the loss gradient's energy that a bottleneck passes back to the layers before its cut: with G the
+    sum of g g^T over the calibration tokens (g the gradient at the hidden state, the model without a bottleneck) and
+    B = W_e^T W_d^T the bottleneck's backward map, tr(B G B^T) / tr(G). 1 for the identity; for an orthonormal basis
+    U the share of G in U's span."""
+    back = basis.enc.double().T @ basis.dec.double().T  # (d, d): W_e^T W_d^T
+    return float(torch.trace(back @ grad @ back.T) / torch.trace(grad))
 
 
 class SinkThrough(torch.nn.Module):
@@ -72,6 +88,9 @@ def main() -> None:
     ap.add_argument("--tokens", action="store_true", help="each init also with a token table")
     ap.add_argument("--sink-codec", action="append", default=[],
                     help="each codec on the codes also with the sink token through this spec (a pipeline's way)")
+    ap.add_argument("--grad-energy", action="store_true",
+                    help="also the share of the loss gradient's energy each bottleneck passes back at each cut (the "
+                         "calibration pass then takes the loss's gradients for every init)")
     ap.add_argument("--out", type=Path, default=BENCH / "bottleneck_init_smollm2.md")
     args = ap.parse_args()
     if args.fisher_damping and "fisher" not in (args.init or []):
@@ -107,14 +126,14 @@ def main() -> None:
 
     with torch.no_grad():
         base = float(lm_loss(plain(val["input_ids"]), val["labels"]))
-    rows = []
+    rows, energy = [], []
     tables = [False, True] if args.tokens else [False]
     layers, emb = list(plain.layers), embedding_of(list(plain.layers))
     for n in sizes:  # one pass per size serves every k, table and damping (the fisher one with the loss's gradients)
         ids, labels = calib["input_ids"][:n].split(4), calib["labels"][:n].split(4)
-        moments = {how: hidden_moments(layers, cuts, 1, ids if how == "pca" else list(zip(ids, labels)),
-                                       tokens=args.tokens, loss=None if how == "pca" else lm_loss)
-                   for how in {how for how, _ in inits}}
+        grads = {how: how == "fisher" or args.grad_energy for how, _ in inits}
+        moments = {how: hidden_moments(layers, cuts, 1, list(zip(ids, labels)) if grads[how] else ids,
+                                       tokens=args.tokens, loss=lm_loss if grads[how] else None) for how in grads}
         for k in ks:
             for how, damping in inits:
                 for table in tables:
@@ -129,6 +148,9 @@ def main() -> None:
                         losses += [loss_with(k, (c,), bases, "none") for c in cuts]
                     print(f"k={k} {name} calib={n}: " + " ".join(f"{x:+.3f}" for x in losses), flush=True)
                     rows.append(f"| {k} | {name} | {n} | " + " | ".join(f"{x:+.3f}" for x in losses) + " |")
+                    if args.grad_energy:
+                        shares = [grad_energy(bases[c], moments[how][c].grad) for c in cuts]
+                        energy.append(f"| {k} | {name} | {n} | " + " | ".join(f"{x:.3f}" for x in shares) + " |")
     bits = []
     for codec in codecs:
         op = ppc.build(codec)
@@ -149,6 +171,11 @@ def main() -> None:
              "|---|---|---|" + "---|" * (1 + len(codecs) * (1 + len(args.sink_codec))
                                           + (len(cuts) if args.per_cut else 0)),
              *rows, "",
+             *(["Share of the loss gradient's energy at each cut that the bottleneck passes back to the layers before "
+                "it (tr(B G B^T) / tr(G), B = W_e^T W_d^T its backward map, G the sum of g g^T over the calibration "
+                "tokens' gradients in the model without a bottleneck; 1 = all of it):", "",
+                "| k | init | calibration sequences | " + " | ".join(f"block {c + 1}'s cut" for c in cuts) + " |",
+                "|---|---|---|" + "---|" * len(cuts), *energy, ""] if args.grad_energy else []),
              "Bits per element of the dense fp32 tensor (the codes of 128 tokens of 4 sequences; the sink token not "
              "counted), codes in rows of k or of d = 576:", "",
              "| codec | " + " | ".join(f"k={k}, rows of {w}" for k in ks for w in (k, cfg.d_model)) + " |",
