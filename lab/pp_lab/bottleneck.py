@@ -22,6 +22,12 @@ of the loss gradient g at the cut, a change e of h costs about e^T F e / 2, and 
 E[e^T F e] is the principal subspace in coordinates whitened by F: with V the top-k eigenvectors of F^1/2 C F^1/2
 (C the covariance of h), W_e = V^T F^1/2 and W_d = F^-1/2 V, an oblique projection W_d W_e.
 
+Or from the blended subspace (`principal_bases` with a `grad_weight`): the principal subspace keeps the hidden
+state's variance but is close to blind to where the loss's gradient lies, and the layers before a cut learn only
+from the gradient the bottleneck passes back (W_e^T W_d^T g). With C and G = E[g g^T] each scaled to unit trace, U =
+the top-k eigenvectors of C + w G keeps most of both for a weight w > 0 (w = 0 is the principal subspace), and W_e =
+U^T, W_d = U stay orthonormal, as pca's.
+
 With `tokens` both sides also predict each token's hidden state from its token id, as Subspace Networks rebuild the
 token embedding at every stage: T[id] = (E[id] - mean) A with E the input embedding and A the least-squares map from
 a token's embedding to its hidden state on the calibration data (a frozen table, V x d). The code then carries only
@@ -52,10 +58,13 @@ class Basis(NamedTuple):
     """(V, d) each token's predicted hidden state less mu (`tokens`), or None."""
 
 
-Init = Literal["pca", "fisher", "random", "identity"]
-INITS: tuple[str, ...] = ("pca", "fisher", "random", "identity")
-FROM_DATA: tuple[str, ...] = ("pca", "fisher")
-"""The inits computed from a pretrained model's hidden states (`calibrate`, `calibrate_fisher`)."""
+Init = Literal["pca", "blend", "fisher", "random", "identity"]
+INITS: tuple[str, ...] = ("pca", "blend", "fisher", "random", "identity")
+FROM_DATA: tuple[str, ...] = ("pca", "blend", "fisher")
+"""The inits computed from a pretrained model's hidden states (`hidden_moments`, then `principal_bases` or
+`fisher_bases`)."""
+WITH_GRADS: tuple[str, ...] = ("blend", "fisher")
+"""The inits that need the loss's gradient at each cut (moments taken with a loss)."""
 
 
 class _Coder(nn.Module):
@@ -303,11 +312,19 @@ def hidden_moments(layers: list[nn.Module], cuts: Iterable[int], sink: int, batc
     return stats
 
 
-def principal_bases(stats: dict[int, Moments], k: int, embedding: Tensor | None = None) -> dict[int, Basis]:
-    """cut -> the principal subspace of its moments, of h less each token's prediction with an `embedding` (V, d)."""
+def principal_bases(stats: dict[int, Moments], k: int, embedding: Tensor | None = None,
+                    grad_weight: float = 0.0) -> dict[int, Basis]:
+    """cut -> the principal subspace of its moments, of h less each token's prediction with an `embedding` (V, d);
+    with `grad_weight` w > 0 the blended one (the module docstring: moments taken with a loss)."""
+    if not grad_weight >= 0:
+        raise ValueError(f"blend grad_weight {grad_weight!r}; accepted: a number >= 0 (0: the principal subspace)")
     out: dict[int, Basis] = {}
     for c, m in stats.items():
         mu, cov, table = m.fit(k, c, embedding)  # (d,), (d, d), (V, d) or None
+        if grad_weight > 0:
+            if m.grad is None:
+                raise ValueError("the blend init needs moments taken with a loss (their gradients)")
+            cov = cov / torch.trace(cov) + grad_weight * m.grad / torch.trace(m.grad)  # (d, d), both of unit trace
         _, vecs = torch.linalg.eigh(cov)  # ascending eigenvalues
         out[c] = orthonormal(mu.float(), vecs[:, -k:].flip(1).float(), table)  # (d, k): largest variance first
     return out

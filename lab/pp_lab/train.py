@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from pp_lab.bottleneck import (FROM_DATA, INITS, Basis, Decoder, Encoder, embedding_of, fisher_bases, fixed_basis,
-                               hidden_moments, principal_bases)
+from pp_lab.bottleneck import (FROM_DATA, INITS, WITH_GRADS, Basis, Decoder, Encoder, embedding_of, fisher_bases,
+                               fixed_basis, hidden_moments, principal_bases)
 from pp_lab.model import GPT, GPTConfig, lm_loss, stage_cuts
 from pp_lab.paths import CONFIGS
 
@@ -80,19 +80,24 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
                          "as K coordinates per token (then through --pp-compress) plus the first tokens in full")
     ap.add_argument("--bottleneck-init", choices=INITS, default=None,
                     help="pca: the boundary's principal subspace on calibration text (the default from a pretrained "
-                         "checkpoint); fisher: the subspace weighted by the loss's gradient there (a pretrained "
-                         "checkpoint); random: a seeded orthonormal basis (the default from scratch); identity")
+                         "checkpoint); blend: the top of its covariance plus --bottleneck-grad-weight times the "
+                         "loss gradient's second moment, both of unit trace (a pretrained checkpoint); fisher: the "
+                         "subspace weighted by the loss's gradient there (a pretrained checkpoint); random: a seeded "
+                         "orthonormal basis (the default from scratch); identity")
     ap.add_argument("--bottleneck-sink", type=int, default=1, help="leading tokens that cross in full (attention sink)")
     ap.add_argument("--bottleneck-group", type=int, default=1,
                     help="tokens whose codes share one row on the wire (e.g. d / K: rows as wide as the hidden state)")
     ap.add_argument("--bottleneck-calib", type=int, default=384, metavar="N",
-                    help="training sequences the pca or fisher init is computed on, shared by the processes (with "
-                         "d = 576, 24 estimate the covariance poorly: docs/bottleneck.md)")
+                    help="training sequences the pca, blend or fisher init is computed on, shared by the processes "
+                         "(with d = 576, 24 estimate the covariance poorly: docs/bottleneck.md)")
     ap.add_argument("--bottleneck-fisher-damping", type=float, default=1.0, metavar="F",
                     help="fisher init: the gradient's second moment plus F times its mean eigenvalue (large F: pca)")
+    ap.add_argument("--bottleneck-grad-weight", type=float, default=0.25, metavar="W",
+                    help="blend init: the weight of the loss gradient's second moment against the hidden state's "
+                         "covariance (0: pca); the layers before a cut learn only from what its bottleneck passes back")
     ap.add_argument("--bottleneck-tokens", action="store_true",
                     help="each bottleneck also predicts every token's hidden state from its id (a table fitted with "
-                         "the pca or fisher init), its code carries the rest, and the token ids cross beside it")
+                         "the pca, blend or fisher init), its code carries the rest, and the token ids cross beside it")
     ap.add_argument("--bottleneck-frozen", action="store_true",
                     help="keep the encoders and decoders at their initialisation (a fixed subspace)")
     ap.add_argument("--bottleneck-lr-scale", type=float, default=1.0, metavar="F",
@@ -169,12 +174,12 @@ def param_groups(module: nn.Module, lr: float, bottleneck_scale: float) -> list[
 def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | Path | None,
                     train_ds: Any) -> tuple[GPTConfig, dict[int, Basis] | None]:
     """The model config with --bottleneck at the pipeline's cuts, and the bases its encoders and decoders start from
-    (None: seeded random ones). The pca and fisher inits run the checkpoint's model in this process on the first
+    (None: seeded random ones). The pca, blend and fisher inits run the checkpoint's model in this process on the first
     --bottleneck-calib training sequences; call it before seeding the weights (it draws random numbers)."""
     if args.bottleneck is None:
-        if args.bottleneck_fisher_damping != 1.0:
-            raise SystemExit(f"--bottleneck-fisher-damping {args.bottleneck_fisher_damping} without --bottleneck: "
-                             "there is no bottleneck to initialise")
+        for flag, value, default in _init_options(args):
+            if value != default:
+                raise SystemExit(f"{flag} {value} without --bottleneck: there is no bottleneck to initialise")
         if args.bottleneck_lr_scale != 1.0:
             raise SystemExit(f"--bottleneck-lr-scale {args.bottleneck_lr_scale} without --bottleneck: there is no "
                              "bottleneck to train")
@@ -189,11 +194,15 @@ def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | 
     if args.bottleneck_tokens and how not in FROM_DATA:
         raise SystemExit(f"--bottleneck-tokens with --bottleneck-init {how}: its table is fitted on calibration data; "
                          f"accepted: --bottleneck-init {' or '.join(FROM_DATA)} (from a pretrained --checkpoint)")
-    if args.bottleneck_fisher_damping != 1.0 and how != "fisher":
-        raise SystemExit(f"--bottleneck-fisher-damping {args.bottleneck_fisher_damping} with --bottleneck-init {how}: "
-                         "it applies to --bottleneck-init fisher only")
+    for (flag, value, default), owner in zip(_init_options(args), ("fisher", "blend")):
+        if value != default and how != owner:
+            raise SystemExit(f"{flag} {value} with --bottleneck-init {how}: it applies to --bottleneck-init {owner} "
+                             "only")
     if not args.bottleneck_fisher_damping > 0:
         raise SystemExit(f"--bottleneck-fisher-damping {args.bottleneck_fisher_damping}; accepted: a number > 0")
+    if not args.bottleneck_grad_weight > 0:
+        raise SystemExit(f"--bottleneck-grad-weight {args.bottleneck_grad_weight}; accepted: a number > 0 (0 is "
+                         "--bottleneck-init pca)")
     if args.bottleneck_calib < 1:
         raise SystemExit(f"--bottleneck-calib {args.bottleneck_calib}; accepted: a number of sequences >= 1")
     if how not in FROM_DATA:
@@ -208,16 +217,22 @@ def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | 
     # each process takes every world-th batch of 4 sequences, and the moments' sums are added up across processes
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     ids, labels = calib["input_ids"].split(4)[rank::world], calib["labels"].split(4)[rank::world]
-    fisher = how == "fisher"
-    stats = hidden_moments(list(plain.layers), cuts, args.bottleneck_sink, list(zip(ids, labels)) if fisher else ids,
-                           seq_dim, args.bottleneck_tokens, lm_loss if fisher else None)
+    grads = how in WITH_GRADS
+    stats = hidden_moments(list(plain.layers), cuts, args.bottleneck_sink, list(zip(ids, labels)) if grads else ids,
+                           seq_dim, args.bottleneck_tokens, lm_loss if grads else None)
     if world > 1:
         for m in stats.values():
             m.reduce(_sum_over_ranks)
     emb = embedding_of(list(plain.layers)) if args.bottleneck_tokens else None
-    if fisher:
+    if how == "fisher":
         return cfg, fisher_bases(stats, args.bottleneck, args.bottleneck_fisher_damping, emb)
-    return cfg, principal_bases(stats, args.bottleneck, emb)
+    return cfg, principal_bases(stats, args.bottleneck, emb, args.bottleneck_grad_weight if how == "blend" else 0.0)
+
+
+def _init_options(args: argparse.Namespace) -> list[tuple[str, float, float]]:
+    """(flag, value, default) of the options that tune one data init each: fisher's damping, blend's weight."""
+    return [("--bottleneck-fisher-damping", args.bottleneck_fisher_damping, 1.0),
+            ("--bottleneck-grad-weight", args.bottleneck_grad_weight, 0.25)]
 
 
 def _sum_over_ranks(t: Tensor) -> None:

@@ -137,6 +137,30 @@ def test_the_fisher_init_is_an_oblique_projection_that_loses_less_loss_weighted_
         calibrate_fisher(list(plain.layers), [1], 8, 1, batches, lm_loss, damping=0)
 
 
+def test_the_blend_init_passes_back_more_of_the_loss_gradient_with_an_orthonormal_basis():
+    from pp_lab.bench.bottleneck_init import grad_energy
+    from pp_lab.bottleneck import hidden_moments, principal_bases
+
+    torch.manual_seed(0)
+    layers = list(GPT(CFG).layers)
+    ids = torch.randint(0, 256, (16, 16))
+    stats = hidden_moments(layers, [1], 1, list(zip(ids.split(4), torch.roll(ids, -1, 1).split(4))), loss=lm_loss)
+    pca, zero = principal_bases(stats, 8)[1], principal_bases(stats, 8, grad_weight=0.0)[1]
+    assert torch.equal(pca.enc, zero.enc) and torch.equal(pca.dec, zero.dec)  # weight 0 is the principal subspace
+    energy, kept = {}, {}
+    h = stats[1].outer / stats[1].n - torch.outer(stats[1].sum, stats[1].sum) / stats[1].n ** 2  # (d, d) covariance
+    for w in (0.0, 0.5, 4.0):
+        b = principal_bases(stats, 8, grad_weight=w)[1]
+        assert torch.allclose(b.enc @ b.dec, torch.eye(8), atol=1e-5) and torch.equal(b.enc, b.dec.T)  # orthonormal
+        energy[w], kept[w] = grad_energy(b, stats[1].grad), float(torch.trace(b.enc.double() @ h @ b.dec.double()))
+    assert energy[0.0] < energy[0.5] < energy[4.0]  # more of the gradient passes back as the weight grows
+    assert kept[0.0] > kept[0.5] > kept[4.0]  # for less of the hidden state's variance
+    with pytest.raises(ValueError, match="blend grad_weight -1; accepted: a number >= 0"):
+        principal_bases(stats, 8, grad_weight=-1)
+    with pytest.raises(ValueError, match="the blend init needs moments taken with a loss"):
+        principal_bases(hidden_moments(layers, [1], 1, ids.split(4)), 8, grad_weight=0.5)
+
+
 def test_a_token_table_takes_each_tokens_prediction_out_of_the_code_and_the_ids_cross_beside_it():
     torch.manual_seed(0)
     plain = GPT(CFG)

@@ -64,7 +64,7 @@ def test_the_torch_engine_carries_the_bottleneck_too(tmp_path):
     assert 3.5 < stats["b0.act"]["ratio"] < 4
 
 
-def test_the_pca_and_fisher_inits_start_a_pretrained_model_close_to_itself(tmp_path):
+def test_the_pca_blend_and_fisher_inits_start_a_pretrained_model_close_to_itself(tmp_path):
     ckpt = tiny_llama(tmp_path / "llama")
     common = ["recipes/finetune.py", "--checkpoint", str(ckpt), "--tokenizer", "gpt2", "--data", "fixture",
               "--seq-len", "16", "--micro-batch", "2", "--grad-accum", "2", "--steps", "1", "--eval-batches", "2",
@@ -76,14 +76,21 @@ def test_the_pca_and_fisher_inits_start_a_pretrained_model_close_to_itself(tmp_p
                 "--out", str(tmp_path / "fisher_full")))
     ok(*run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "4", "--bottleneck-init", "fisher",
                 "--bottleneck-fisher-damping", "0.5", "--out", str(tmp_path / "fisher_k4")))
-    start = {n: rows(tmp_path / n, "eval")[0]["val_loss"] for n in ("plain", "full", "k4", "fisher_full", "fisher_k4")}
+    ok(*run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "4", "--bottleneck-init", "blend",
+                "--bottleneck-grad-weight", "2", "--out", str(tmp_path / "blend_k4")))
+    names = ("plain", "full", "k4", "fisher_full", "fisher_k4", "blend_k4")
+    start = {n: rows(tmp_path / n, "eval")[0]["val_loss"] for n in names}
     assert math.isclose(start["full"], start["plain"], rel_tol=1e-4)  # k = d: the projection is the identity
     assert math.isclose(start["fisher_full"], start["plain"], rel_tol=1e-4)  # the oblique one too
     assert start["k4"] != start["full"] and math.isfinite(start["k4"])
     assert start["fisher_k4"] not in (start["k4"], start["full"]) and math.isfinite(start["fisher_k4"])
+    assert start["blend_k4"] not in (start["k4"], start["fisher_k4"]) and math.isfinite(start["blend_k4"])
     rc, log = run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "4", "--bottleneck-fisher-damping", "0.5",
                       "--out", str(tmp_path / "damped_pca"))
     assert rc != 0 and "--bottleneck-fisher-damping 0.5 with --bottleneck-init pca" in log
+    rc, log = run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "4", "--bottleneck-grad-weight", "2",
+                      "--out", str(tmp_path / "weighted_pca"))
+    assert rc != 0 and "--bottleneck-grad-weight 2.0 with --bottleneck-init pca" in log
     rc, log = run_job(PRETRAIN, 2, *TINY, "--steps", "1", "--bottleneck", "8", "--bottleneck-init", "pca",
                       "--out", str(tmp_path / "scratch"))
     assert rc != 0 and "--bottleneck-init pca needs a pretrained --checkpoint" in log

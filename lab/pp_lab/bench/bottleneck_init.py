@@ -33,6 +33,14 @@ exactly, while a pipeline sends it through its codec too (it is at least min_num
 
 adds what each bottleneck passes back of the loss's gradient at each cut (`grad_energy`): the layers before a cut
 learn only from what it passes.
+
+    python benchmarks/bottleneck_init.py --k 288 --k 144 --calib 384 --tokens --grad-energy --codec vq:4 \
+        --init pca --init blend --grad-weight 0.25 --grad-weight 0.5 --grad-weight 1 \
+        --out results/bench/bottleneck_init_blend_smollm2.md
+
+compares the principal subspace with the blended one at each weight (pp_lab/bottleneck.py: the top of the hidden
+state's covariance plus w times the loss gradient's second moment): what each costs the model, and what each passes
+back.
 """
 from __future__ import annotations
 
@@ -47,7 +55,7 @@ from torch import Tensor
 
 import pp_compress as ppc
 from pp_lab import data
-from pp_lab.bottleneck import FROM_DATA, Basis, embedding_of, fisher_bases, hidden_moments, principal_bases
+from pp_lab.bottleneck import FROM_DATA, WITH_GRADS, Basis, embedding_of, fisher_bases, hidden_moments, principal_bases
 from pp_lab.convert import DEFAULT_OUT
 from pp_lab.model import GPT, GPTConfig, id_dtype, lm_loss, stage_cuts
 from pp_lab.paths import BENCH
@@ -82,6 +90,7 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, default=16, help="held-out sequences of 128 tokens evaluated")
     ap.add_argument("--init", action="append", choices=FROM_DATA, default=None, help="default: pca")
     ap.add_argument("--fisher-damping", type=float, action="append", default=None, help="fisher: each (default 1)")
+    ap.add_argument("--grad-weight", type=float, action="append", default=None, help="blend: each (default 0.25)")
     ap.add_argument("--per-cut", action="store_true", help="also each cut's bottleneck alone (no codec)")
     ap.add_argument("--calib", type=int, action="append", default=None,
                     help="training sequences of 128 tokens the init is computed on: each (default 24)")
@@ -97,12 +106,16 @@ def main() -> None:
         ap.error(f"--fisher-damping {args.fisher_damping} applies to --init fisher only")
     if any(not d > 0 for d in args.fisher_damping or []):
         ap.error(f"--fisher-damping {args.fisher_damping}; accepted: numbers > 0")
+    if args.grad_weight and "blend" not in (args.init or []):
+        ap.error(f"--grad-weight {args.grad_weight} applies to --init blend only")
+    if any(not w > 0 for w in args.grad_weight or []):
+        ap.error(f"--grad-weight {args.grad_weight}; accepted: numbers > 0 (0 is --init pca)")
     if any(n < 1 for n in args.calib or []):
         ap.error(f"--calib {args.calib}; accepted: numbers of sequences >= 1")
     torch.set_num_threads(1)
     ks, codecs = args.k or [288, 144, 72, 36], args.codec or ["int8:rot", "vq:4"]
-    dampings = args.fisher_damping or [1.0]
-    inits = [(how, d) for how in args.init or ["pca"] for d in (dampings if how == "fisher" else [None])]
+    tuning = {"fisher": args.fisher_damping or [1.0], "blend": args.grad_weight or [0.25]}  # each init's parameter
+    inits = [(how, t) for how in args.init or ["pca"] for t in tuning.get(how, [None])]
     cfg = GPTConfig.from_hf(args.checkpoint)
     tok = data.load_tokenizer(str(args.checkpoint))
     train_ds, val_ds = data.lm_datasets(data.corpus_files("austen"), tok, 128, 0.05)
@@ -129,19 +142,20 @@ def main() -> None:
     rows, energy = [], []
     tables = [False, True] if args.tokens else [False]
     layers, emb = list(plain.layers), embedding_of(list(plain.layers))
-    for n in sizes:  # one pass per size serves every k, table and damping (the fisher one with the loss's gradients)
+    grads = args.grad_energy or any(how in WITH_GRADS for how, _ in inits)
+    for n in sizes:  # one pass per size serves every init, k, table and parameter (with gradients if one needs them)
         ids, labels = calib["input_ids"][:n].split(4), calib["labels"][:n].split(4)
-        grads = {how: how == "fisher" or args.grad_energy for how, _ in inits}
-        moments = {how: hidden_moments(layers, cuts, 1, list(zip(ids, labels)) if grads[how] else ids,
-                                       tokens=args.tokens, loss=lm_loss if grads[how] else None) for how in grads}
+        moments = hidden_moments(layers, cuts, 1, list(zip(ids, labels)) if grads else ids, tokens=args.tokens,
+                                 loss=lm_loss if grads else None)
         for k in ks:
-            for how, damping in inits:
+            for how, t in inits:
                 for table in tables:
-                    if how == "pca":
-                        bases = principal_bases(moments[how], k, emb if table else None)
+                    if how == "fisher":
+                        bases = fisher_bases(moments, k, t, emb if table else None)
                     else:
-                        bases = fisher_bases(moments[how], k, damping, emb if table else None)
-                    name = (how if damping is None else f"fisher, damping {damping:g}") + (" + tokens" if table else "")
+                        bases = principal_bases(moments, k, emb if table else None, t if how == "blend" else 0.0)
+                    label = how if t is None else f"{how}, {'damping' if how == 'fisher' else 'weight'} {t:g}"
+                    name = label + (" + tokens" if table else "")
                     losses = [loss_with(k, cuts, bases, codec) for codec in ["none", *codecs]]
                     losses += [loss_with(k, cuts, bases, codec, sink) for codec in codecs for sink in args.sink_codec]
                     if args.per_cut:
@@ -149,7 +163,7 @@ def main() -> None:
                     print(f"k={k} {name} calib={n}: " + " ".join(f"{x:+.3f}" for x in losses), flush=True)
                     rows.append(f"| {k} | {name} | {n} | " + " | ".join(f"{x:+.3f}" for x in losses) + " |")
                     if args.grad_energy:
-                        shares = [grad_energy(bases[c], moments[how][c].grad) for c in cuts]
+                        shares = [grad_energy(bases[c], moments[c].grad) for c in cuts]
                         energy.append(f"| {k} | {name} | {n} | " + " | ".join(f"{x:.3f}" for x in shares) + " |")
     bits = []
     for codec in codecs:

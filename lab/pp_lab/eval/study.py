@@ -212,11 +212,15 @@ SMOLLM2: dict[str, str] = {
 # survives the session (it restarts from the beginning where it does not). It runs before the rest of the grid: a
 # bottleneck that costs the model more than 0.05 where the grid's other rows start (d/4 and below) cannot reach
 # the 2-bit goal's parity in 200 steps, so the question that is left is whether d/2 gets there with more steps.
+# Then d/2 with a token table through vq from the blended subspace (`blend`: the hidden state's covariance plus the
+# loss gradient's second moment), after d/4 with a table: the layers before a cut learn only from the gradient its
+# bottleneck passes back, and the principal subspace passes about k/d of it; the blended one with weight 0.25 passes
+# more for the least cost in the projection of the weights measured (results/bench/bottleneck_init_blend_smollm2.md).
 BOTTLENECK_ORDER = [(144, "int8rot", ""), (288, "vq4", ""), (144, "none", ""), (288, "vq4", "lr10"), (72, "int8rot", ""),
-                    (144, "vq4", ""),
-                    (144, "int8rot", "frozen"), (36, "int8rot", ""), (72, "vq4", ""), (288, "vq4", "calib384"),
-                    (288, "vq4", "tokens"), (288, "vq4", "tokens-long"), (144, "int8rot", "tokens"), (72, "none", ""),
-                    (36, "none", ""), (36, "vq4", "")]
+                    (144, "vq4", ""), (144, "int8rot", "frozen"), (36, "int8rot", ""), (72, "vq4", ""),
+                    (288, "vq4", "calib384"), (288, "vq4", "tokens"), (288, "vq4", "tokens-long"),
+                    (144, "int8rot", "tokens"), (288, "vq4", "tokens-blend"), (72, "none", ""), (36, "none", ""),
+                    (36, "vq4", "")]
 BN_CODECS = {"none": "none", "int8rot": "int8:rot", "vq4": "act=vq:4,grad=vq:3"}
 for _k, _codec, _variant in BOTTLENECK_ORDER:
     _name, _parts = f"sm-bn{_k}{'-' + _variant if _variant else ''}-{_codec}", _variant.split("-")
@@ -227,6 +231,7 @@ for _k, _codec, _variant in BOTTLENECK_ORDER:
                     # the rows before calib384 ran with the default of their time, 24 sequences
                     "--bottleneck-calib", "384" if {"calib384", "tokens"} & set(_parts) else "24",
                     *(["--bottleneck-tokens"] if "tokens" in _parts else []),
+                    *(["--bottleneck-init", "blend", "--bottleneck-grad-weight", "0.25"] if "blend" in _parts else []),
                     *(["--steps", "600"] if "long" in _parts else [])]  # after SM_COMMON's: the last one counts
 AT_START = {n for n in SMOLLM2 if n.startswith("sm-bn")}
 """Settings evaluated before their first step as well (--eval-at-start)."""
