@@ -85,15 +85,6 @@ def test_the_pca_blend_and_fisher_inits_start_a_pretrained_model_close_to_itself
     assert start["k4"] != start["full"] and math.isfinite(start["k4"])
     assert start["fisher_k4"] not in (start["k4"], start["full"]) and math.isfinite(start["fisher_k4"])
     assert start["blend_k4"] not in (start["k4"], start["fisher_k4"]) and math.isfinite(start["blend_k4"])
-    rc, log = run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "4", "--bottleneck-fisher-damping", "0.5",
-                      "--out", str(tmp_path / "damped_pca"))
-    assert rc != 0 and "--bottleneck-fisher-damping 0.5 with --bottleneck-init pca" in log
-    rc, log = run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "4", "--bottleneck-grad-weight", "2",
-                      "--out", str(tmp_path / "weighted_pca"))
-    assert rc != 0 and "--bottleneck-grad-weight 2.0 with --bottleneck-init pca" in log
-    rc, log = run_job(PRETRAIN, 2, *TINY, "--steps", "1", "--bottleneck", "8", "--bottleneck-init", "pca",
-                      "--out", str(tmp_path / "scratch"))
-    assert rc != 0 and "--bottleneck-init pca needs a pretrained --checkpoint" in log
 
 
 def test_the_bottleneck_learns_at_its_scaled_rate_in_the_engine(tmp_path):

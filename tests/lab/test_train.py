@@ -1,6 +1,7 @@
 import argparse
 import csv
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -104,3 +105,31 @@ def test_the_bottleneck_learns_at_its_own_rate_and_the_rest_at_lr():
     assert len(plain) == 1 and plain[0]["lr"] == 1e-4
     with pytest.raises(SystemExit, match="--bottleneck-lr-scale 0.0; accepted: a number > 0"):
         train.param_groups(model, 1e-4, 0.0)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--bottleneck-grad-weight", "2"], "--bottleneck-grad-weight 2.0 without --bottleneck: there is no bottleneck"),
+    (["--bottleneck", "4", "--bottleneck-fisher-damping", "0.5"],
+     "--bottleneck-fisher-damping 0.5 with --bottleneck-init pca: it applies to --bottleneck-init fisher only"),
+    (["--bottleneck", "4", "--bottleneck-grad-weight", "2"],
+     "--bottleneck-grad-weight 2.0 with --bottleneck-init pca: it applies to --bottleneck-init blend only"),
+    (["--bottleneck", "4", "--bottleneck-init", "blend", "--bottleneck-grad-weight", "0"],
+     "--bottleneck-grad-weight 0.0; accepted: a number > 0 (0 is --bottleneck-init pca)"),
+    (["--bottleneck", "4", "--bottleneck-init", "fisher", "--bottleneck-fisher-damping", "-1"],
+     "--bottleneck-fisher-damping -1.0; accepted: a number > 0"),
+])
+def test_a_bottleneck_inits_options_are_refused_where_they_do_not_apply(flags, message):
+    from pp_lab.model import GPTConfig
+
+    args = train.add_args(argparse.ArgumentParser(), 10, 1e-3).parse_args(["--out", "x", *flags])
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        train.with_bottleneck(args, GPTConfig.preset("tiny", vocab_size=256), "a checkpoint", None)
+
+
+def test_the_pca_init_needs_a_pretrained_checkpoint():
+    from pp_lab.model import GPTConfig
+
+    args = train.add_args(argparse.ArgumentParser(), 10, 1e-3).parse_args(["--out", "x", "--bottleneck", "8",
+                                                                           "--bottleneck-init", "pca"])
+    with pytest.raises(SystemExit, match="--bottleneck-init pca needs a pretrained --checkpoint"):
+        train.with_bottleneck(args, GPTConfig.preset("tiny", vocab_size=256), None, None)
