@@ -80,10 +80,10 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
                          "as K coordinates per token (then through --pp-compress) plus the first tokens in full")
     ap.add_argument("--bottleneck-init", choices=INITS, default=None,
                     help="pca: the boundary's principal subspace on calibration text (the default from a pretrained "
-                         "checkpoint); blend: the top of its covariance plus --bottleneck-grad-weight times the "
-                         "loss gradient's second moment, both of unit trace (a pretrained checkpoint); fisher: the "
-                         "subspace weighted by the loss's gradient there (a pretrained checkpoint); random: a seeded "
-                         "orthonormal basis (the default from scratch); identity")
+                         "checkpoint); blend: the top eigenvectors of its covariance plus --bottleneck-grad-weight "
+                         "times the loss gradient's second moment, both of unit trace (a pretrained checkpoint); "
+                         "fisher: the subspace weighted by the loss's gradient there (a pretrained checkpoint); random: "
+                         "a seeded orthonormal basis (the default from scratch); identity")
     ap.add_argument("--bottleneck-sink", type=int, default=1, help="leading tokens that cross in full (attention sink)")
     ap.add_argument("--bottleneck-group", type=int, default=1,
                     help="tokens whose codes share one row on the wire (e.g. d / K: rows as wide as the hidden state)")
