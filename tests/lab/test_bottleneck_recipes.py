@@ -65,26 +65,24 @@ def test_the_torch_engine_carries_the_bottleneck_too(tmp_path):
 
 
 def test_the_pca_blend_and_fisher_inits_start_a_pretrained_model_close_to_itself(tmp_path):
+    """The init flags reach the engine's calibration: k = d from pca is the pretrained model itself, and each init
+    at k < d starts somewhere of its own. (The bases' own properties, fisher's oblique identity at k = d included,
+    are test_bottleneck.py's.)"""
     ckpt = tiny_llama(tmp_path / "llama")
     common = ["recipes/finetune.py", "--checkpoint", str(ckpt), "--tokenizer", "gpt2", "--data", "fixture",
               "--seq-len", "16", "--micro-batch", "2", "--grad-accum", "2", "--steps", "1", "--eval-batches", "2",
               "--eval-at-start", "--pp-compress", "none"]
     ok(*run_job(ROOT / common[0], 2, *common[1:], "--out", str(tmp_path / "plain")))
     ok(*run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "32", "--out", str(tmp_path / "full")))
-    ok(*run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "4", "--out", str(tmp_path / "k4")))
-    ok(*run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "32", "--bottleneck-init", "fisher",
-                "--out", str(tmp_path / "fisher_full")))
     ok(*run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "4", "--bottleneck-init", "fisher",
                 "--bottleneck-fisher-damping", "0.5", "--out", str(tmp_path / "fisher_k4")))
     ok(*run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "4", "--bottleneck-init", "blend",
                 "--bottleneck-grad-weight", "2", "--out", str(tmp_path / "blend_k4")))
-    names = ("plain", "full", "k4", "fisher_full", "fisher_k4", "blend_k4")
+    names = ("plain", "full", "fisher_k4", "blend_k4")
     start = {n: rows(tmp_path / n, "eval")[0]["val_loss"] for n in names}
     assert math.isclose(start["full"], start["plain"], rel_tol=1e-4)  # k = d: the projection is the identity
-    assert math.isclose(start["fisher_full"], start["plain"], rel_tol=1e-4)  # the oblique one too
-    assert start["k4"] != start["full"] and math.isfinite(start["k4"])
-    assert start["fisher_k4"] not in (start["k4"], start["full"]) and math.isfinite(start["fisher_k4"])
-    assert start["blend_k4"] not in (start["k4"], start["fisher_k4"]) and math.isfinite(start["blend_k4"])
+    assert all(math.isfinite(v) for v in start.values()) and len({start["plain"], start["fisher_k4"],
+                                                                  start["blend_k4"]}) == 3
 
 
 def test_the_bottleneck_learns_at_its_scaled_rate_in_the_engine(tmp_path):

@@ -13,8 +13,8 @@ WORKER = Path(__file__).with_name("pipe_module_worker.py")
 
 
 @pytest.mark.parametrize("activation_checkpoints", [False, True])
-@pytest.mark.parametrize("spec,atol", [(None, 1e-4), ("identity", 1e-4), ("int8", 2e-3)],
-                         ids=["stock", "pp_compress-identity", "pp_compress-int8"])
+# `identity` is left out: test_deepspeed_features.py holds it bitwise to stock, with activation checkpointing too
+@pytest.mark.parametrize("spec,atol", [(None, 1e-4), ("int8", 2e-3)], ids=["stock", "pp_compress-int8"])
 def test_pipe_module_sequential(tmp_path, spec, atol, activation_checkpoints):
     args = ["--out", str(tmp_path)] + (["--spec", spec] if spec else []) + \
         (["--activation-checkpoints"] if activation_checkpoints else [])
