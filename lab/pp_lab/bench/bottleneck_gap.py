@@ -1,0 +1,83 @@
+"""Where along training each bottleneck row's gap to the uncompressed run opens or closes (SmolLM2 study).
+
+    python benchmarks/bottleneck_gap.py --out results/bench/bottleneck_gap_smollm2
+
+The bottleneck rows are evaluated before their first step (--eval-at-start); the uncompressed baseline was not. This
+evaluates the pretrained model once on the same validation batches (the study's own arguments, one step, no
+compression; kept as <out>.start.jsonl, so that a later call reuses it), then writes <out>.md: for every committed
+bottleneck row, its validation loss minus the baseline's at steps 0, 25, 50, 100 and 200, and the share of the gap at
+step 0 that training closed by the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from pp_lab.eval.study import SM_COMMON
+from pp_lab.launch import run_job
+from pp_lab.paths import RESULTS, ROOT
+
+STEPS = (0, 25, 50, 100, 200)
+
+
+def evals(metrics: Path) -> dict[int, float]:
+    """step -> validation loss of one run's metrics.jsonl."""
+    rows = (json.loads(line) for line in metrics.read_text().splitlines())
+    return {r["step"]: r["val_loss"] for r in rows if r["kind"] == "eval"}
+
+
+def measure_start(dest: Path) -> None:
+    """The pretrained model's validation loss before any step, on the study's batches -> dest (its metrics.jsonl)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rc, log = run_job(ROOT / "recipes/finetune.py", 4, *SM_COMMON, "--seed", "0", "--steps", "1",
+                          "--eval-at-start", "--pp-compress", "none", "--out", str(Path(tmp) / "run"), "--overwrite",
+                          timeout=3600)
+        if rc != 0:
+            raise SystemExit(f"the baseline's start evaluation failed (exit {rc}):\n{log[-3000:]}")
+        shutil.copy(Path(tmp) / "run" / "metrics.jsonl", dest)
+
+
+def table(base: dict[int, float], rows: dict[str, dict[int, float]]) -> list[str]:
+    """Markdown rows: each run's gap to `base` at STEPS, and the share of its step-0 gap closed at its last step."""
+    out = ["| setting | " + " | ".join(f"gap at step {s}" for s in STEPS) + " | share of the start's gap closed |",
+           "|---|" + "---|" * (len(STEPS) + 1)]
+    for name, ev in sorted(rows.items()):
+        gaps = {s: ev[s] - base[s] for s in STEPS if s in ev and s in base}
+        last = max(gaps)
+        closed = 1 - gaps[last] / gaps[0] if gaps[0] > 0 else float("nan")
+        out.append(f"| {name} | " + " | ".join(f"{gaps[s]:+.3f}" if s in gaps else "" for s in STEPS)
+                   + f" | {closed:.0%} |")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="writes <out>.md (and <out>.start.jsonl once)")
+    ap.add_argument("--results", type=Path, default=RESULTS / "smollm2", help="the study's committed rows")
+    args = ap.parse_args()
+    start = args.out.with_suffix(".start.jsonl")
+    if not start.exists():
+        start.parent.mkdir(parents=True, exist_ok=True)
+        measure_start(start)
+    base = {**evals(args.results / "sm-base" / "metrics.jsonl"), 0: evals(start)[0]}
+    rows = {p.parent.name: evals(p) for p in args.results.glob("sm-bn*/metrics.jsonl")}
+    rows = {name: ev for name, ev in rows.items() if 0 in ev and max(ev) == max(base)}  # same schedule, started
+    if not rows:
+        raise SystemExit(f"{args.results}: no bottleneck row with a step-0 evaluation and {max(base)} steps")
+    command = "python benchmarks/bottleneck_gap.py " + shlex.join(sys.argv[1:])
+    lines = [f"Command: `{command}`", "",
+             f"Validation loss minus the uncompressed baseline's (`{args.results.relative_to(ROOT)}/sm-base`), same "
+             f"batches. The baseline at step 0 is the pretrained model, evaluated by this command "
+             f"(`{start.name}`: {base[0]:.4f}). A positive gap is worse than the baseline.", "",
+             *table(base, rows)]
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

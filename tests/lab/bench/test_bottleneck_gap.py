@@ -1,0 +1,41 @@
+"""pp_lab.bench.bottleneck_gap: each bottleneck row's gap to the baseline along training, from committed logs."""
+import json
+import sys
+
+import pytest
+
+from pp_lab.bench import bottleneck_gap
+
+
+def write(path, evals):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"kind": "train", "step": s, "loss": 9.0} for s in evals] + \
+        [{"kind": "eval", "step": s, "val_loss": v} for s, v in evals.items()]
+    path.write_text("\n".join(map(json.dumps, rows)) + "\n")
+
+
+def test_the_table_gives_each_started_rows_gap_and_the_share_of_its_start_closed(tmp_path, monkeypatch):
+    results, out = tmp_path / "smollm2", tmp_path / "gap"
+    write(results / "sm-base" / "metrics.jsonl", {25: 3.5, 50: 3.4, 100: 3.3, 200: 3.2})
+    write(out.with_suffix(".start.jsonl"), {0: 4.0, 1: 4.0})  # as measure_start leaves it: nothing is run again
+    write(results / "sm-bn1-x" / "metrics.jsonl", {0: 4.5, 25: 3.9, 50: 3.7, 100: 3.5, 200: 3.45})
+    write(results / "sm-bn2-x" / "metrics.jsonl", {0: 4.1, 25: 3.7, 200: 3.3})
+    write(results / "sm-bn3-nostart" / "metrics.jsonl", {25: 3.6, 200: 3.3})
+    write(results / "sm-bn4-long" / "metrics.jsonl", {0: 4.1, 200: 3.3, 600: 3.1})
+    monkeypatch.setattr(sys, "argv", ["x", "--out", str(out), "--results", str(results)])
+    monkeypatch.setattr(bottleneck_gap, "ROOT", tmp_path)
+    bottleneck_gap.main()
+    md = out.with_suffix(".md").read_text()
+    assert "| sm-bn1-x | +0.500 | +0.400 | +0.300 | +0.200 | +0.250 | 50% |" in md
+    assert "| sm-bn2-x | +0.100 | +0.200 |  |  | +0.100 | 0% |" in md  # steps it did not evaluate stay empty
+    assert "nostart" not in md and "long" not in md  # no step 0; another schedule
+    assert "(`gap.start.jsonl`: 4.0000)" in md
+
+
+def test_no_comparable_row_is_an_error(tmp_path, monkeypatch):
+    results, out = tmp_path / "smollm2", tmp_path / "gap"
+    write(results / "sm-base" / "metrics.jsonl", {25: 3.5, 200: 3.2})
+    write(out.with_suffix(".start.jsonl"), {0: 4.0})
+    monkeypatch.setattr(sys, "argv", ["x", "--out", str(out), "--results", str(results)])
+    with pytest.raises(SystemExit, match="no bottleneck row with a step-0 evaluation and 200 steps"):
+        bottleneck_gap.main()
