@@ -74,15 +74,16 @@ def test_the_pca_blend_and_fisher_inits_start_a_pretrained_model_close_to_itself
               "--eval-at-start", "--pp-compress", "none"]
     ok(*run_job(ROOT / common[0], 2, *common[1:], "--out", str(tmp_path / "plain")))
     ok(*run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "32", "--out", str(tmp_path / "full")))
+    ok(*run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "4", "--out", str(tmp_path / "k4")))
     ok(*run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "4", "--bottleneck-init", "fisher",
                 "--bottleneck-fisher-damping", "0.5", "--out", str(tmp_path / "fisher_k4")))
     ok(*run_job(ROOT / common[0], 2, *common[1:], "--bottleneck", "4", "--bottleneck-init", "blend",
                 "--bottleneck-grad-weight", "2", "--out", str(tmp_path / "blend_k4")))
-    names = ("plain", "full", "fisher_k4", "blend_k4")
+    names = ("plain", "full", "k4", "fisher_k4", "blend_k4")
     start = {n: rows(tmp_path / n, "eval")[0]["val_loss"] for n in names}
     assert math.isclose(start["full"], start["plain"], rel_tol=1e-4)  # k = d: the projection is the identity
-    assert all(math.isfinite(v) for v in start.values()) and len({start["plain"], start["fisher_k4"],
-                                                                  start["blend_k4"]}) == 3
+    assert all(math.isfinite(v) for v in start.values())
+    assert len({start[n] for n in ("plain", "k4", "fisher_k4", "blend_k4")}) == 4  # each init is its own
 
 
 def test_the_bottleneck_learns_at_its_scaled_rate_in_the_engine(tmp_path):
