@@ -65,6 +65,8 @@ FROM_DATA: tuple[str, ...] = ("pca", "blend", "fisher")
 `fisher_bases`)."""
 WITH_GRADS: tuple[str, ...] = ("blend", "fisher")
 """The inits that need the loss's gradient at each cut (moments taken with a loss)."""
+TUNING: dict[str, float] = {"fisher": 1.0, "blend": 0.25}
+"""The default of the one parameter that tunes each of these inits: fisher's damping, blend's gradient weight."""
 
 
 class _Coder(nn.Module):
@@ -349,6 +351,18 @@ def fisher_bases(stats: dict[int, Moments], k: int, damping: float = 1.0,
         v = v[:, -k:].flip(1)  # (d, k): the largest loss-weighted variance first
         out[c] = Basis(mu.float(), (v.T @ half).float(), (inv_half @ v).float(), table)  # (d,), (k, d), (d, k)
     return out
+
+
+def data_bases(how: str, stats: dict[int, Moments], k: int, embedding: Tensor | None = None,
+               tuning: float | None = None) -> dict[int, Basis]:
+    """cut -> the basis of init `how` (one of FROM_DATA) from its moments (taken with a loss where `how` is in
+    WITH_GRADS); `tuning` is its parameter where it has one (None: TUNING's default)."""
+    if how not in FROM_DATA:
+        raise ValueError(f"init {how!r} is not computed from data; accepted: {', '.join(FROM_DATA)}")
+    t = TUNING[how] if how in TUNING and tuning is None else tuning
+    if how == "fisher":
+        return fisher_bases(stats, k, t, embedding)
+    return principal_bases(stats, k, embedding, t if how == "blend" else 0.0)
 
 
 def calibrate(layers: list[nn.Module], cuts: Iterable[int], k: int, sink: int, batches: Iterable[Tensor],

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from pp_lab.bottleneck import (FROM_DATA, INITS, WITH_GRADS, Basis, Decoder, Encoder, embedding_of, fisher_bases,
-                               fixed_basis, hidden_moments, principal_bases)
+from pp_lab.bottleneck import (FROM_DATA, INITS, TUNING, WITH_GRADS, Basis, Decoder, Encoder, data_bases, embedding_of,
+                               fixed_basis, hidden_moments)
 from pp_lab.model import GPT, GPTConfig, lm_loss, stage_cuts
 from pp_lab.paths import CONFIGS
 
@@ -90,9 +90,9 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
     ap.add_argument("--bottleneck-calib", type=int, default=384, metavar="N",
                     help="training sequences the pca, blend or fisher init is computed on, shared by the processes "
                          "(with d = 576, 24 estimate the covariance poorly: docs/bottleneck.md)")
-    ap.add_argument("--bottleneck-fisher-damping", type=float, default=1.0, metavar="F",
+    ap.add_argument("--bottleneck-fisher-damping", type=float, default=TUNING["fisher"], metavar="F",
                     help="fisher init: the gradient's second moment plus F times its mean eigenvalue (large F: pca)")
-    ap.add_argument("--bottleneck-grad-weight", type=float, default=0.25, metavar="W",
+    ap.add_argument("--bottleneck-grad-weight", type=float, default=TUNING["blend"], metavar="W",
                     help="blend init: the weight of the loss gradient's second moment against the hidden state's "
                          "covariance (0: pca); the layers before a cut learn only from what its bottleneck passes back")
     ap.add_argument("--bottleneck-tokens", action="store_true",
@@ -177,8 +177,8 @@ def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | 
     (None: seeded random ones). The pca, blend and fisher inits run the checkpoint's model in this process on the first
     --bottleneck-calib training sequences; call it before seeding the weights (it draws random numbers)."""
     if args.bottleneck is None:
-        for flag, value, default in _init_options(args):
-            if value != default:
+        for flag, value, owner in _init_options(args):
+            if value != TUNING[owner]:
                 raise SystemExit(f"{flag} {value} without --bottleneck: there is no bottleneck to initialise")
         if args.bottleneck_lr_scale != 1.0:
             raise SystemExit(f"--bottleneck-lr-scale {args.bottleneck_lr_scale} without --bottleneck: there is no "
@@ -194,8 +194,8 @@ def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | 
     if args.bottleneck_tokens and how not in FROM_DATA:
         raise SystemExit(f"--bottleneck-tokens with --bottleneck-init {how}: its table is fitted on calibration data; "
                          f"accepted: --bottleneck-init {' or '.join(FROM_DATA)} (from a pretrained --checkpoint)")
-    for (flag, value, default), owner in zip(_init_options(args), ("fisher", "blend")):
-        if value != default and how != owner:
+    for flag, value, owner in _init_options(args):
+        if value != TUNING[owner] and how != owner:
             raise SystemExit(f"{flag} {value} with --bottleneck-init {how}: it applies to --bottleneck-init {owner} "
                              "only")
     if not args.bottleneck_fisher_damping > 0:
@@ -224,15 +224,14 @@ def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | 
         for m in stats.values():
             m.reduce(_sum_over_ranks)
     emb = embedding_of(list(plain.layers)) if args.bottleneck_tokens else None
-    if how == "fisher":
-        return cfg, fisher_bases(stats, args.bottleneck, args.bottleneck_fisher_damping, emb)
-    return cfg, principal_bases(stats, args.bottleneck, emb, args.bottleneck_grad_weight if how == "blend" else 0.0)
+    tuning = {owner: value for _, value, owner in _init_options(args)}.get(how)
+    return cfg, data_bases(how, stats, args.bottleneck, emb, tuning)
 
 
-def _init_options(args: argparse.Namespace) -> list[tuple[str, float, float]]:
-    """(flag, value, default) of the options that tune one data init each: fisher's damping, blend's weight."""
-    return [("--bottleneck-fisher-damping", args.bottleneck_fisher_damping, 1.0),
-            ("--bottleneck-grad-weight", args.bottleneck_grad_weight, 0.25)]
+def _init_options(args: argparse.Namespace) -> list[tuple[str, float, str]]:
+    """(flag, value, the init it tunes) of the options that tune one data init each (defaults: TUNING)."""
+    return [("--bottleneck-fisher-damping", args.bottleneck_fisher_damping, "fisher"),
+            ("--bottleneck-grad-weight", args.bottleneck_grad_weight, "blend")]
 
 
 def _sum_over_ranks(t: Tensor) -> None:

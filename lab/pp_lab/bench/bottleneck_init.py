@@ -55,7 +55,7 @@ from torch import Tensor
 
 import pp_compress as ppc
 from pp_lab import data
-from pp_lab.bottleneck import FROM_DATA, WITH_GRADS, Basis, embedding_of, fisher_bases, hidden_moments, principal_bases
+from pp_lab.bottleneck import FROM_DATA, TUNING, WITH_GRADS, Basis, data_bases, embedding_of, hidden_moments
 from pp_lab.convert import DEFAULT_OUT
 from pp_lab.model import GPT, GPTConfig, id_dtype, lm_loss, stage_cuts
 from pp_lab.paths import BENCH
@@ -89,8 +89,10 @@ def main() -> None:
     ap.add_argument("--codec", action="append", default=None, help="specs on the codes (default int8:rot, vq:4)")
     ap.add_argument("--sequences", type=int, default=16, help="held-out sequences of 128 tokens evaluated")
     ap.add_argument("--init", action="append", choices=FROM_DATA, default=None, help="default: pca")
-    ap.add_argument("--fisher-damping", type=float, action="append", default=None, help="fisher: each (default 1)")
-    ap.add_argument("--grad-weight", type=float, action="append", default=None, help="blend: each (default 0.25)")
+    ap.add_argument("--fisher-damping", type=float, action="append", default=None,
+                    help=f"fisher: each (default {TUNING['fisher']:g})")
+    ap.add_argument("--grad-weight", type=float, action="append", default=None,
+                    help=f"blend: each (default {TUNING['blend']:g})")
     ap.add_argument("--per-cut", action="store_true", help="also each cut's bottleneck alone (no codec)")
     ap.add_argument("--calib", type=int, action="append", default=None,
                     help="training sequences of 128 tokens the init is computed on: each (default 24)")
@@ -114,7 +116,7 @@ def main() -> None:
         ap.error(f"--calib {args.calib}; accepted: numbers of sequences >= 1")
     torch.set_num_threads(1)
     ks, codecs = args.k or [288, 144, 72, 36], args.codec or ["int8:rot", "vq:4"]
-    tuning = {"fisher": args.fisher_damping or [1.0], "blend": args.grad_weight or [0.25]}  # each init's parameter
+    tuning = {"fisher": args.fisher_damping or [TUNING["fisher"]], "blend": args.grad_weight or [TUNING["blend"]]}
     inits = [(how, t) for how in args.init or ["pca"] for t in tuning.get(how, [None])]
     cfg = GPTConfig.from_hf(args.checkpoint)
     tok = data.load_tokenizer(str(args.checkpoint))
@@ -150,10 +152,7 @@ def main() -> None:
         for k in ks:
             for how, t in inits:
                 for table in tables:
-                    if how == "fisher":
-                        bases = fisher_bases(moments, k, t, emb if table else None)
-                    else:
-                        bases = principal_bases(moments, k, emb if table else None, t if how == "blend" else 0.0)
+                    bases = data_bases(how, moments, k, emb if table else None, t)
                     label = how if t is None else f"{how}, {'damping' if how == 'fisher' else 'weight'} {t:g}"
                     name = label + (" + tokens" if table else "")
                     losses = [loss_with(k, cuts, bases, codec) for codec in ["none", *codecs]]
