@@ -148,7 +148,7 @@ def test_the_blend_init_passes_back_more_of_the_loss_gradient_with_an_orthonorma
     pca, zero = principal_bases(stats, 8)[1], principal_bases(stats, 8, grad_weight=0.0)[1]
     assert torch.equal(pca.enc, zero.enc) and torch.equal(pca.dec, zero.dec)  # weight 0 is the principal subspace
     energy, kept = {}, {}
-    h = stats[1].outer / stats[1].n - torch.outer(stats[1].sum, stats[1].sum) / stats[1].n ** 2  # (d, d) covariance
+    _, h, _ = stats[1].fit(8, 1, None)  # (d, d): the hidden state's covariance
     for w in (0.0, 0.5, 4.0):
         b = principal_bases(stats, 8, grad_weight=w)[1]
         assert torch.allclose(b.enc @ b.dec, torch.eye(8), atol=1e-5) and torch.equal(b.enc, b.dec.T)  # orthonormal
