@@ -219,11 +219,15 @@ SMOLLM2: dict[str, str] = {
 # Then d/2 with a token table and no codec on its codes, before the grid's last cells: at d/2 the gap to the baseline
 # opens in the first 25 steps (results/bench/bottleneck_gap_smollm2.md), and every d/2 row so far sent its codes
 # through vq; at d/4 the codec cost nothing measurable, so this row says whether the bottleneck or vq opens it.
+# Then the same d/2 setting through vq with its encoders and decoders frozen at the PCA initialisation
+# (`tokens-frozen`), before the grid's last cells: the bottleneck itself opens d/2's gap in its first 25 steps, and
+# learning at 10x the body's rate (`lr10`) opened it further, so this row says whether training the bottleneck at all
+# opens it (the fixed subspace at the same bytes, where the grid's closest setting is).
 BOTTLENECK_ORDER = [(144, "int8rot", ""), (288, "vq4", ""), (144, "none", ""), (288, "vq4", "lr10"), (72, "int8rot", ""),
                     (144, "vq4", ""), (144, "int8rot", "frozen"), (36, "int8rot", ""), (72, "vq4", ""),
                     (288, "vq4", "calib384"), (288, "vq4", "tokens"), (288, "vq4", "tokens-long"),
                     (144, "int8rot", "tokens"), (288, "vq4", "tokens-blend"), (72, "none", ""),
-                    (288, "none", "tokens"), (36, "none", ""), (36, "vq4", "")]
+                    (288, "none", "tokens"), (288, "vq4", "tokens-frozen"), (36, "none", ""), (36, "vq4", "")]
 BN_CODECS = {"none": "none", "int8rot": "int8:rot", "vq4": "act=vq:4,grad=vq:3"}
 for _k, _codec, _variant in BOTTLENECK_ORDER:
     _name, _parts = f"sm-bn{_k}{'-' + _variant if _variant else ''}-{_codec}", _variant.split("-")
