@@ -1,0 +1,204 @@
+"""Which direction of a learned bottleneck opens its gap in the first steps of training: the forward projection of
+the hidden state, or the projection of the gradient that the layers before each cut learn from (SmolLM2 study).
+
+    python benchmarks/bottleneck_direction.py --out results/bench/bottleneck_direction_smollm2
+
+SmolLM2-135M cut where the study cuts it (after blocks 8, 16 and 23) is trained in one process as the study trains it
+(its micro-batches in the same order, its optimizer, learning-rate schedule and clipping: pp_lab.train's DeepSpeed
+config from the study's arguments) for --steps steps, once per route (ROUTES) of each cut's bottleneck (the PCA of the
+first --calib training sequences with a token table: the init of the study's `sm-bn288-tokens-*` rows), and
+evaluated before and after on the study's validation batches. Resumable: each route's result is a line of
+<out>.jsonl, which a later call reuses; <out>.md is the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from deepspeed.runtime.lr_schedules import WarmupCosineLR
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from pp_lab import data, train
+from pp_lab.bottleneck import Basis, Decoder, Encoder, data_bases, embedding_of, hidden_moments
+from pp_lab.convert import DEFAULT_OUT
+from pp_lab.eval.study import SM_COMMON
+from pp_lab.model import GPT, GPTConfig, lm_loss, stage_cuts
+from pp_lab.paths import BENCH
+
+ROUTES: dict[str, str] = {
+    "none": "no bottleneck (the baseline)",
+    "both": "the bottleneck, fixed at its init, forward and backward",
+    "forward": "the hidden state projected forward; its gradient passes back whole",
+    "backward": "the hidden state passes forward whole; its gradient is projected back (W_e^T W_d^T g)",
+    "trained": "the bottleneck forward and backward, trained with the model (as the study's rows)",
+}
+"""Where each cut's bottleneck acts, by route name."""
+SAME_START = {"forward": "both", "trained": "both", "backward": "none"}
+"""Routes whose forward pass before training is another route's: their step-0 loss is that route's."""
+
+
+class Route(nn.Module):
+    """One cut's bottleneck as a map of the hidden state h (B, T, d) and the token ids (B, T), with its gradient routed
+    as `route` says (ROUTES)."""
+
+    def __init__(self, basis: Basis, k: int, route: str) -> None:
+        super().__init__()
+        if route not in ROUTES or route == "none":
+            raise ValueError(f"route {route!r}; accepted: {', '.join(r for r in ROUTES if r != 'none')}")
+        d, trainable = basis.mu.shape[0], route == "trained"
+        self.enc = Encoder(d, k, 1, 1, basis, trainable)
+        self.dec = Decoder(d, k, 1, basis, trainable)
+        self.route = route
+
+    def forward(self, h: Tensor, ids: Tensor) -> Tensor:
+        p = self.dec(*self.enc(h, ids), ids)  # (B, T, d): the bottleneck's reconstruction
+        if self.route == "forward":
+            return h + (p - h).detach()  # the value of p, the gradient of h
+        if self.route == "backward":
+            return h.detach() + (p - p.detach())  # the value of h, the gradient through p
+        return p
+
+
+def run(model: GPT, routes: dict[int, Route], x: tuple[Tensor, Tensor]) -> Tensor:
+    """Logits (B, T, V) of micro-batch x = (token ids, sample ids), each route applied after its block."""
+    flow: Any = x
+    for i, layer in enumerate(model.layers):
+        flow = layer(flow)
+        if i - 1 in routes:  # layer i is block i - 1
+            flow = (routes[i - 1](flow[0], x[0]), *flow[1:])
+    return flow
+
+
+def study_args() -> argparse.Namespace:
+    """The study's training arguments (SM_COMMON), parsed as its recipe parses them (nothing is written to --out)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data")
+    ap.add_argument("--val-fraction", type=float)
+    return train.add_args(ap, steps=200, lr=1e-4).parse_args([*SM_COMMON, "--seed", "0", "--out", "unused"])
+
+
+def measure(route: str, cfg: GPTConfig, ckpt: Path, bases: dict[int, Basis] | None, k: int, steps: int,
+            ds: tuple[Any, Any], sa: argparse.Namespace) -> dict[str, Any]:
+    """Train `steps` steps with `route` at every cut; the validation loss before (unless SAME_START) and after."""
+    torch.manual_seed(sa.seed)
+    model = GPT(cfg, ckpt)
+    routes = nn.ModuleDict({str(c): Route(b, k, route) for c, b in (bases or {}).items()} if route != "none" else {})
+    at = {int(c): r for c, r in routes.items()}
+    holder = nn.ModuleList([model, routes])
+    ds_cfg = train.ds_config(sa, 1)
+    opt_cfg, sched = ds_cfg["optimizer"]["params"], ds_cfg["scheduler"]["params"]
+    opt = torch.optim.AdamW(train.param_groups(holder, sa.lr, 1.0), lr=opt_cfg["lr"], betas=tuple(opt_cfg["betas"]),
+                            weight_decay=opt_cfg["weight_decay"])
+    schedule = WarmupCosineLR(opt, **sched)  # DeepSpeed's own, stepped after each optimizer step as its engine does
+    train_ds, val_ds = ds
+
+    def val_loss() -> float:
+        model.eval()
+        with torch.no_grad():
+            loss = train.evaluate_batches(lambda: data.eval_batches(val_ds, sa.micro_batch), sa.eval_batches,
+                                          lambda it: sum(float(lm_loss(run(model, at, x), y))
+                                                         for x, y in (next(it) for _ in range(sa.grad_accum)))
+                                          / sa.grad_accum)
+        model.train()
+        return loss
+
+    out: dict[str, Any] = {"route": route, "steps": steps, "k": k}
+    if route not in SAME_START:
+        out["start"] = val_loss()
+    it, losses, t0 = data.batches(train_ds, sa.micro_batch, sa.seed), [], time.perf_counter()
+    for _ in tqdm(range(steps), desc=route, unit="step"):
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for _ in range(sa.grad_accum):  # the engine's mean over micro-batches
+            x, y = next(it)
+            loss = lm_loss(run(model, at, x), y) / sa.grad_accum
+            loss.backward()
+            total += float(loss)
+        nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], ds_cfg["gradient_clipping"])
+        opt.step()
+        schedule.step()
+        losses.append(total)
+    out.update(train_loss=losses, lr=opt.param_groups[0]["lr"], step_s=(time.perf_counter() - t0) / steps,
+               end=val_loss())
+    return out
+
+
+def table(rows: dict[str, dict[str, Any]], steps: int, command: str) -> str:
+    """The markdown: each route's loss before and after, and its gap to the route `none`'s."""
+    start = {r: rows[SAME_START.get(r, r)].get("start") for r in rows if SAME_START.get(r, r) in rows}
+    base = rows.get("none")
+    lines = [f"# Which direction of the bottleneck opens its gap (SmolLM2-135M, {steps} steps in one process)", "",
+             f"Command: `{command}`. Validation loss on the study's batches; the gap is each route's loss minus the "
+             "route `none`'s at the same step (the model trained in the same way without a bottleneck).", "",
+             "| route | what it does | before training | gap | after | gap | gap opened |", "|---|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        s, e = start.get(name), row["end"]
+        gap0 = None if s is None or base is None else s - base["start"]
+        gap1 = None if base is None else e - base["end"]
+        cells = [f"{s:.3f}" if s is not None else "", f"{gap0:+.3f}" if gap0 is not None else "", f"{e:.3f}",
+                 f"{gap1:+.3f}" if gap1 is not None else "",
+                 f"{gap1 - gap0:+.3f}" if gap0 is not None and gap1 is not None else ""]
+        lines.append(f"| `{name}` | {ROUTES[name]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--k", type=int, default=288, help="code width (default 288 = d/2)")
+    ap.add_argument("--calib", type=int, default=384, help="training sequences the PCA and token table are fitted on")
+    ap.add_argument("--steps", type=int, default=25, help="optimizer steps per route (the study's schedule)")
+    ap.add_argument("--route", action="append", choices=list(ROUTES), default=None, help="default: every route")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1 by default: beside a study on the same cores more threads only contend)")
+    ap.add_argument("--out", type=Path, default=BENCH / "bottleneck_direction_smollm2")
+    args = ap.parse_args()
+    if min(args.steps, args.calib, args.threads) < 1:
+        ap.error(f"--steps {args.steps} --calib {args.calib} --threads {args.threads}; accepted: integers >= 1")
+    torch.set_num_threads(args.threads)
+    routes = args.route or list(ROUTES)
+    for r in routes:
+        if SAME_START.get(r, r) not in routes:
+            ap.error(f"--route {r} takes its loss before training from --route {SAME_START[r]}: add it")
+    sa = study_args()
+    cfg = GPTConfig.from_hf(args.checkpoint)
+    if not 1 <= args.k <= cfg.d_model:
+        ap.error(f"--k {args.k}; accepted: 1..{cfg.d_model}")
+    tok = data.load_tokenizer(str(args.checkpoint))
+    ds = data.lm_datasets(data.corpus_files(sa.data), tok, sa.seq_len, sa.val_fraction)
+    log = args.out.with_suffix(".jsonl")
+    done = {}
+    if log.exists():
+        done = {r["route"]: r for r in map(json.loads, log.read_text().splitlines()) if r["steps"] == args.steps
+                and r["k"] == args.k}
+    bases = None
+    if any(r != "none" and r not in done for r in routes):
+        cuts = [int(c) - 1 for c in stage_cuts(cfg, sa.stages)]
+        plain = GPT(cfg, args.checkpoint).eval()
+        calib = ds[0].with_format("torch", columns=["input_ids"])[: args.calib]["input_ids"].split(4)  # (4, T) each
+        moments = hidden_moments(list(plain.layers), cuts, 1, calib, tokens=True)
+        bases = data_bases("pca", moments, args.k, embedding_of(list(plain.layers)))
+        del plain
+    log.parent.mkdir(parents=True, exist_ok=True)
+    for r in routes:
+        if r in done:
+            print(f"{r}: kept from {log}")
+            continue
+        done[r] = measure(r, cfg, args.checkpoint, bases, args.k, args.steps, ds, sa)
+        with log.open("a") as f:
+            f.write(json.dumps(done[r]) + "\n")
+    command = shlex.join(["python", "benchmarks/bottleneck_direction.py", *sys.argv[1:]])
+    md = table({r: done[r] for r in routes}, args.steps, command)
+    args.out.with_suffix(".md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
