@@ -99,11 +99,11 @@ def measure(route: str, cfg: GPTConfig, ckpt: Path, bases: dict[int, Basis] | No
     schedule = WarmupCosineLR(opt, **sched)  # DeepSpeed's own, stepped after each optimizer step as its engine does
     train_ds, val_ds = ds
 
-    def val_loss() -> float:
+    def val_loss(through: dict[int, Route] = at) -> float:
         model.eval()
         with torch.no_grad():
             loss = train.evaluate_batches(lambda: data.eval_batches(val_ds, sa.micro_batch), sa.eval_batches,
-                                          lambda it: sum(float(lm_loss(run(model, at, x), y))
+                                          lambda it: sum(float(lm_loss(run(model, through, x), y))
                                                          for x, y in (next(it) for _ in range(sa.grad_accum)))
                                           / sa.grad_accum)
         model.train()
@@ -127,6 +127,8 @@ def measure(route: str, cfg: GPTConfig, ckpt: Path, bases: dict[int, Basis] | No
         losses.append(total)
     out.update(train_loss=losses, lr=opt.param_groups[0]["lr"], step_s=(time.perf_counter() - t0) / steps,
                end=val_loss())
+    if route == "none" and bases:  # what the initial bottleneck costs the model that trained without one
+        out["end_projected"] = val_loss({c: Route(b, k, "both") for c, b in bases.items()})
     return out
 
 
@@ -146,6 +148,10 @@ def table(rows: dict[str, dict[str, Any]], steps: int, command: str) -> str:
                  f"{gap1:+.3f}" if gap1 is not None else "",
                  f"{gap1 - gap0:+.3f}" if gap0 is not None and gap1 is not None else ""]
         lines.append(f"| `{name}` | {ROUTES[name]} | " + " | ".join(cells) + " |")
+    if base is not None and "end_projected" in base and "both" in start:
+        lines += ["", f"The model trained without a bottleneck, evaluated through each cut's initial bottleneck: "
+                  f"{base['end_projected']:.3f}, {base['end_projected'] - base['end']:+.3f} from itself (the same "
+                  f"bottleneck cost the pretrained model {start['both'] - base['start']:+.3f})."]
     return "\n".join(lines) + "\n"
 
 
@@ -179,7 +185,7 @@ def main() -> None:
         done = {r["route"]: r for r in map(json.loads, log.read_text().splitlines()) if r["steps"] == args.steps
                 and r["k"] == args.k}
     bases = None
-    if any(r != "none" and r not in done for r in routes):
+    if any(r not in done for r in routes):  # `none` too: its trained model is evaluated through the bottleneck
         cuts = [int(c) - 1 for c in stage_cuts(cfg, sa.stages)]
         plain = GPT(cfg, args.checkpoint).eval()
         calib = ds[0].with_format("torch", columns=["input_ids"])[: args.calib]["input_ids"].split(4)  # (4, T) each

@@ -40,9 +40,10 @@ def test_a_route_outside_the_list_is_refused_with_the_accepted_ones():
 
 
 def test_the_table_takes_a_shared_start_and_gives_the_gap_each_route_opened():
-    rows = {"none": {"start": 4.0, "end": 3.5}, "both": {"start": 4.1, "end": 3.7},
+    rows = {"none": {"start": 4.0, "end": 3.5, "end_projected": 3.65}, "both": {"start": 4.1, "end": 3.7},
             "backward": {"end": 3.6}, "forward": {"end": 3.55}}
     md = bd.table(rows, 25, "cmd")
     assert "| `both` | " in md and "| 4.100 | +0.100 | 3.700 | +0.200 | +0.100 |" in md
     assert "| 4.000 | +0.000 | 3.600 | +0.100 | +0.100 |" in md  # backward starts where none starts
     assert "| 4.100 | +0.100 | 3.550 | +0.050 | -0.050 |" in md  # forward starts where both starts
+    assert "initial bottleneck: 3.650, +0.150 from itself (the same bottleneck cost the pretrained model +0.100)" in md
