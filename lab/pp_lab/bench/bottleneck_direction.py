@@ -17,6 +17,7 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,12 @@ ROUTES: dict[str, str] = {
     "forward": "the hidden state projected forward; its gradient passes back whole",
     "backward": "the hidden state passes forward whole; its gradient is projected back (W_e^T W_d^T g)",
     "trained": "the bottleneck forward and backward, trained with the model (as the study's rows)",
+    "late": "no bottleneck for the first --late-at steps, then `both` from the PCA of the adapted model",
 }
 """Where each cut's bottleneck acts, by route name."""
-SAME_START = {"forward": "both", "trained": "both", "backward": "none"}
+MODES = ("both", "forward", "backward", "trained")
+"""The routes that act from the first step (`Route`)."""
+SAME_START = {"forward": "both", "trained": "both", "backward": "none", "late": "none"}
 """Routes whose forward pass before training is another route's: their step-0 loss is that route's."""
 
 
@@ -50,8 +54,8 @@ class Route(nn.Module):
 
     def __init__(self, basis: Basis, k: int, route: str) -> None:
         super().__init__()
-        if route not in ROUTES or route == "none":
-            raise ValueError(f"route {route!r}; accepted: {', '.join(r for r in ROUTES if r != 'none')}")
+        if route not in MODES:
+            raise ValueError(f"route {route!r}; accepted: {', '.join(MODES)}")
         d, trainable = basis.mu.shape[0], route == "trained"
         self.enc = Encoder(d, k, 1, 1, basis, trainable)
         self.dec = Decoder(d, k, 1, basis, trainable)
@@ -85,11 +89,13 @@ def study_args() -> argparse.Namespace:
 
 
 def measure(route: str, cfg: GPTConfig, ckpt: Path, bases: dict[int, Basis] | None, k: int, steps: int,
-            ds: tuple[Any, Any], sa: argparse.Namespace) -> dict[str, Any]:
-    """Train `steps` steps with `route` at every cut; the validation loss before (unless SAME_START) and after."""
+            ds: tuple[Any, Any], sa: argparse.Namespace, fit: Callable[[list[nn.Module]], dict[int, Basis]],
+            late_at: int) -> dict[str, Any]:
+    """Train `steps` steps with `route` at every cut; the validation loss before (unless SAME_START) and after.
+    `fit(layers)` gives the bases of a model's hidden states (the `late` route's, at step `late_at`)."""
     torch.manual_seed(sa.seed)
     model = GPT(cfg, ckpt)
-    routes = nn.ModuleDict({str(c): Route(b, k, route) for c, b in (bases or {}).items()} if route != "none" else {})
+    routes = nn.ModuleDict({str(c): Route(b, k, route) for c, b in (bases or {}).items()} if route in MODES else {})
     at = {int(c): r for c, r in routes.items()}
     holder = nn.ModuleList([model, routes])
     ds_cfg = train.ds_config(sa, 1)
@@ -113,14 +119,17 @@ def measure(route: str, cfg: GPTConfig, ckpt: Path, bases: dict[int, Basis] | No
     if route not in SAME_START:
         out["start"] = val_loss()
     it, losses, t0 = data.batches(train_ds, sa.micro_batch, sa.seed), [], time.perf_counter()
-    for _ in tqdm(range(steps), desc=route, unit="step"):
+    for step in tqdm(range(steps), desc=route, unit="step"):
+        if route == "late" and step == late_at:  # fixed, so that the optimizer's groups stay as they are
+            at.update({c: Route(b, k, "both") for c, b in fit(list(model.layers)).items()})
+            out["late_at"] = late_at
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for _ in range(sa.grad_accum):  # the engine's mean over micro-batches
             x, y = next(it)
             loss = lm_loss(run(model, at, x), y) / sa.grad_accum
             loss.backward()
-            total += float(loss)
+            total += float(loss.detach())
         nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], ds_cfg["gradient_clipping"])
         opt.step()
         schedule.step()
@@ -147,7 +156,8 @@ def table(rows: dict[str, dict[str, Any]], steps: int, command: str) -> str:
         cells = [f"{s:.3f}" if s is not None else "", f"{gap0:+.3f}" if gap0 is not None else "", f"{e:.3f}",
                  f"{gap1:+.3f}" if gap1 is not None else "",
                  f"{gap1 - gap0:+.3f}" if gap0 is not None and gap1 is not None else ""]
-        lines.append(f"| `{name}` | {ROUTES[name]} | " + " | ".join(cells) + " |")
+        late = f" (--late-at {row['late_at']})" if "late_at" in row else ""
+        lines.append(f"| `{name}` | {ROUTES[name]}{late} | " + " | ".join(cells) + " |")
     if base is not None and "end_projected" in base and "both" in start:
         lines += ["", f"The model trained without a bottleneck, evaluated through each cut's initial bottleneck: "
                   f"{base['end_projected']:.3f}, {base['end_projected'] - base['end']:+.3f} from itself (the same "
@@ -162,12 +172,15 @@ def main() -> None:
     ap.add_argument("--calib", type=int, default=384, help="training sequences the PCA and token table are fitted on")
     ap.add_argument("--steps", type=int, default=25, help="optimizer steps per route (the study's schedule)")
     ap.add_argument("--route", action="append", choices=list(ROUTES), default=None, help="default: every route")
+    ap.add_argument("--late-at", type=int, default=10, help="the `late` route's steps without a bottleneck")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1 by default: beside a study on the same cores more threads only contend)")
     ap.add_argument("--out", type=Path, default=BENCH / "bottleneck_direction_smollm2")
     args = ap.parse_args()
     if min(args.steps, args.calib, args.threads) < 1:
         ap.error(f"--steps {args.steps} --calib {args.calib} --threads {args.threads}; accepted: integers >= 1")
+    if not 0 < args.late_at < args.steps:
+        ap.error(f"--late-at {args.late_at}; accepted: 1..{args.steps - 1} (--steps {args.steps})")
     torch.set_num_threads(args.threads)
     routes = args.route or list(ROUTES)
     for r in routes:
@@ -183,21 +196,23 @@ def main() -> None:
     done = {}
     if log.exists():
         done = {r["route"]: r for r in map(json.loads, log.read_text().splitlines()) if r["steps"] == args.steps
-                and r["k"] == args.k}
+                and r["k"] == args.k and r.get("late_at", args.late_at) == args.late_at}
+    cuts = [int(c) - 1 for c in stage_cuts(cfg, sa.stages)]
+    calib = ds[0].with_format("torch", columns=["input_ids"])[: args.calib]["input_ids"].split(4)  # (4, T) each
+
+    def fit(layers: list[nn.Module]) -> dict[int, Basis]:
+        """The study's init: the PCA of the hidden states after each cut, with a token table."""
+        return data_bases("pca", hidden_moments(layers, cuts, 1, calib, tokens=True), args.k, embedding_of(layers))
+
     bases = None
     if any(r not in done for r in routes):  # `none` too: its trained model is evaluated through the bottleneck
-        cuts = [int(c) - 1 for c in stage_cuts(cfg, sa.stages)]
-        plain = GPT(cfg, args.checkpoint).eval()
-        calib = ds[0].with_format("torch", columns=["input_ids"])[: args.calib]["input_ids"].split(4)  # (4, T) each
-        moments = hidden_moments(list(plain.layers), cuts, 1, calib, tokens=True)
-        bases = data_bases("pca", moments, args.k, embedding_of(list(plain.layers)))
-        del plain
+        bases = fit(list(GPT(cfg, args.checkpoint).eval().layers))
     log.parent.mkdir(parents=True, exist_ok=True)
     for r in routes:
         if r in done:
             print(f"{r}: kept from {log}")
             continue
-        done[r] = measure(r, cfg, args.checkpoint, bases, args.k, args.steps, ds, sa)
+        done[r] = measure(r, cfg, args.checkpoint, bases, args.k, args.steps, ds, sa, fit, args.late_at)
         with log.open("a") as f:
             f.write(json.dumps(done[r]) + "\n")
     command = shlex.join(["python", "benchmarks/bottleneck_direction.py", *sys.argv[1:]])

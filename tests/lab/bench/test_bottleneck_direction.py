@@ -47,3 +47,32 @@ def test_the_table_takes_a_shared_start_and_gives_the_gap_each_route_opened():
     assert "| 4.000 | +0.000 | 3.600 | +0.100 | +0.100 |" in md  # backward starts where none starts
     assert "| 4.100 | +0.100 | 3.550 | +0.050 | -0.050 |" in md  # forward starts where both starts
     assert "initial bottleneck: 3.650, +0.150 from itself (the same bottleneck cost the pretrained model +0.100)" in md
+
+
+def test_the_late_route_trains_as_none_until_its_step_then_through_the_bases_fitted_to_the_model_as_it_is_then():
+    import argparse
+
+    import datasets
+
+    from pp_lab.bottleneck import fixed_basis
+    from pp_lab.model import GPTConfig
+
+    cfg = GPTConfig.preset("tiny", vocab_size=256)  # 4 blocks, d = 64
+    g = torch.Generator().manual_seed(0)
+    rows = {"input_ids": torch.randint(0, 256, (8, 16), generator=g).tolist(), "sample_id": [[0] * 16] * 8,
+            "labels": torch.randint(0, 256, (8, 16), generator=g).tolist()}
+    ds = datasets.Dataset.from_dict(rows), datasets.Dataset.from_dict(rows)
+    sa = argparse.Namespace(**{**vars(bd.study_args()), "micro_batch": 2, "grad_accum": 2, "eval_batches": 1,
+                               "steps": 3, "warmup": 1})  # a schedule whose second step moves the weights
+    calls = []
+
+    def fit(layers):
+        calls.append(len(layers))
+        return {c: fixed_basis(64, 16, "random", c) for c in (0, 2)}
+
+    none = bd.measure("none", cfg, None, None, 16, 3, ds, sa, fit, 1)
+    late = bd.measure("late", cfg, None, None, 16, 3, ds, sa, fit, 1)
+    assert len(calls) == 1 and late["late_at"] == 1  # fitted once, at step 1, to the model's layers as they were
+    assert "start" in none and "start" not in late  # late starts where none starts
+    assert late["train_loss"][0] == none["train_loss"][0]  # the first step has no bottleneck
+    assert late["train_loss"][1] != none["train_loss"][1] and late["end"] != none["end"]
