@@ -88,7 +88,7 @@ def study_args() -> argparse.Namespace:
     return train.add_args(ap, steps=200, lr=1e-4).parse_args([*SM_COMMON, "--seed", "0", "--out", "unused"])
 
 
-def measure(route: str, cfg: GPTConfig, ckpt: Path, bases: dict[int, Basis] | None, k: int, steps: int,
+def measure(route: str, cfg: GPTConfig, ckpt: Path | None, bases: dict[int, Basis] | None, k: int, steps: int,
             ds: tuple[Any, Any], sa: argparse.Namespace, fit: Callable[[list[nn.Module]], dict[int, Basis]],
             late_at: int) -> dict[str, Any]:
     """Train `steps` steps with `route` at every cut; the validation loss before (unless SAME_START) and after.
