@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from pp_lab import data, train
-from pp_lab.bottleneck import Basis, Decoder, Encoder, data_bases, embedding_of, hidden_moments
+from pp_lab.bottleneck import Basis, Decoder, Encoder, calibrate
 from pp_lab.convert import DEFAULT_OUT
 from pp_lab.eval.study import SM_COMMON
 from pp_lab.model import GPT, GPTConfig, lm_loss, stage_cuts
@@ -202,7 +202,7 @@ def main() -> None:
 
     def fit(layers: list[nn.Module]) -> dict[int, Basis]:
         """The study's init: the PCA of the hidden states after each cut, with a token table."""
-        return data_bases("pca", hidden_moments(layers, cuts, 1, calib, tokens=True), args.k, embedding_of(layers))
+        return calibrate(layers, cuts, args.k, 1, calib, tokens=True)
 
     bases = None
     if any(r not in done for r in routes):  # `none` too: its trained model is evaluated through the bottleneck
