@@ -120,3 +120,17 @@ def test_every_bottleneck_row_runs_once_with_its_variant():
         assert _flag(args, "--steps") == ("600" if "-long-" in name else "200")
         assert "--eval-at-start" in args
     assert "sm-bn288-tokens-long-vq4" in rows  # a token table, 384 sequences, 600 steps
+
+
+def test_the_from_scratch_bottleneck_rows_train_the_small_gpt_with_a_random_init():
+    order, _ = study.PROTOCOLS["long"]
+    rows = [n for n in order if n.startswith("bn")]
+    assert len(rows) == len(set(rows)) == len(study.LONG_BOTTLENECK) > 0
+    for name in rows:
+        recipe, nproc, args, spec = study.job(name, "long")
+        assert recipe == "pretrain.py" and nproc == 4 and spec == study.LONG[name]
+        k = int(name.split("-")[0][2:])
+        assert _flag(args, "--model") == "small" and _flag(args, "--steps") == "1000"
+        assert _flag(args, "--bottleneck") == str(k) and _flag(args, "--bottleneck-group") == str(192 // k)
+        assert _flag(args, "--bottleneck-init") is None  # pretrain.py's default from scratch: random orthonormal
+    assert study.job("bn48-int8", "long")[3] == study.LONG["subspace48-int8"] == "int8"  # the same bytes as its control
