@@ -32,7 +32,8 @@ With `tokens` both sides also predict each token's hidden state from its token i
 token embedding at every stage: T[id] = (E[id] - mean) A with E the input embedding and A the least-squares map from
 a token's embedding to its hidden state on the calibration data (a frozen table, V x d). The code then carries only
 h - T[id], whose principal subspace holds more of what is left; the token ids cross the boundary beside the code
-(a few bytes a token against the d values of the hidden state).
+(a few bytes a token against the d values of the hidden state). A model trained from scratch has no hidden states to
+fit T to: `random_tokens` gives it a seeded random table instead, which the blocks after each cut learn to read.
 """
 from __future__ import annotations
 
@@ -201,6 +202,14 @@ def fixed_basis(d: int, k: int, how: Init, seed: int) -> Basis:
         return orthonormal(torch.zeros(d), q)
     raise ValueError(f"bottleneck init {how!r} needs data (calibrate, calibrate_fisher); accepted here: identity, "
                      "random")
+
+
+def random_tokens(vocab: int, d: int, std: float, seed: int) -> Tensor:
+    """(V, d) a token table for a model trained from scratch, which has no hidden states to fit one to: a seeded
+    Gaussian at the embedding's init scale, the same at every cut, as Subspace Networks re-add a fixed random
+    embedding at every stage. The blocks after a cut learn to read each token's identity from it."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(vocab, d, generator=g) * std  # (V, d)
 
 
 def _hiddens(layers: list[nn.Module], cuts: list[int], ids: Tensor, keep_grad: bool) -> tuple[Any, dict[int, Tensor]]:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from pp_lab.bottleneck import (FROM_DATA, INITS, TUNING, WITH_GRADS, Basis, Decoder, Encoder, data_bases, embedding_of,
-                               fixed_basis, hidden_moments)
+                               fixed_basis, hidden_moments, random_tokens)
 from pp_lab.model import GPT, GPTConfig, lm_loss, stage_cuts
 from pp_lab.paths import CONFIGS
 
@@ -97,7 +97,8 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
                          "covariance (0: pca); the layers before a cut learn only from what its bottleneck passes back")
     ap.add_argument("--bottleneck-tokens", action="store_true",
                     help="each bottleneck also predicts every token's hidden state from its id (a table fitted with "
-                         "the pca, blend or fisher init), its code carries the rest, and the token ids cross beside it")
+                         "the pca, blend or fisher init; from scratch, a seeded random one), its code carries the "
+                         "rest, and the token ids cross beside it")
     ap.add_argument("--bottleneck-frozen", action="store_true",
                     help="keep the encoders and decoders at their initialisation (a fixed subspace)")
     ap.add_argument("--bottleneck-lr-scale", type=float, default=1.0, metavar="F",
@@ -191,9 +192,13 @@ def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | 
                               bottleneck_group=args.bottleneck_group, bottleneck_trainable=not args.bottleneck_frozen,
                               bottleneck_tokens=args.bottleneck_tokens)
     how = args.bottleneck_init or ("pca" if checkpoint is not None else "random")
-    if args.bottleneck_tokens and how not in FROM_DATA:
-        raise SystemExit(f"--bottleneck-tokens with --bottleneck-init {how}: its table is fitted on calibration data; "
-                         f"accepted: --bottleneck-init {' or '.join(FROM_DATA)} (from a pretrained --checkpoint)")
+    # from scratch there is nothing to fit the table to: a seeded random one, as Subspace Networks re-add theirs
+    scratch = how == "random" and checkpoint is None
+    if args.bottleneck_tokens and how not in FROM_DATA and not scratch:
+        raise SystemExit(f"--bottleneck-tokens with --bottleneck-init {how}"
+                         f"{' from a pretrained --checkpoint' if checkpoint is not None else ''}: its table is fitted on "
+                         f"calibration data; accepted: --bottleneck-init {' or '.join(FROM_DATA)} (from a pretrained "
+                         "--checkpoint), or random without one (a seeded random table)")
     for flag, value, owner in _init_options(args):
         if value != TUNING[owner] and how != owner:
             raise SystemExit(f"{flag} {value} with --bottleneck-init {how}: it applies to --bottleneck-init {owner} "
@@ -206,7 +211,10 @@ def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | 
     if args.bottleneck_calib < 1:
         raise SystemExit(f"--bottleneck-calib {args.bottleneck_calib}; accepted: a number of sequences >= 1")
     if how not in FROM_DATA:
-        return cfg, {c: fixed_basis(cfg.d_model, args.bottleneck, how, cfg.subspace_seed + c) for c in cuts}
+        table = random_tokens(cfg.vocab_size, cfg.d_model, cfg.init_std, cfg.subspace_seed) if args.bottleneck_tokens \
+            else None
+        return cfg, {c: fixed_basis(cfg.d_model, args.bottleneck, how, cfg.subspace_seed + c)._replace(tokens=table)
+                     for c in cuts}
     if checkpoint is None:
         raise SystemExit(f"--bottleneck-init {how} needs a pretrained --checkpoint (a model trained from scratch has "
                          "no subspace yet); accepted without one: random, identity")

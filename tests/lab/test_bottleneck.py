@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pp_compress as ppc
-from pp_lab.bottleneck import Basis, Decoder, Encoder, calibrate, calibrate_fisher, fixed_basis
+from pp_lab.bottleneck import Basis, Decoder, Encoder, calibrate, calibrate_fisher, fixed_basis, random_tokens
 from pp_lab.model import GPT, Block, GPTConfig, lm_loss
 
 CFG = GPTConfig.preset("tiny", vocab_size=256)  # 4 blocks, d = 64
@@ -88,6 +88,18 @@ def test_the_code_goes_through_a_codec_in_process():
     stats = bounds[0].stats
     assert stats["act"].raw_bytes == 2 * 12 * 16 * 4 and stats["act"].wire_bytes < stats["act"].raw_bytes
     assert stats["grad"].raw_bytes == 2 * 12 * 16 * 4
+
+
+def test_a_random_token_table_is_seeded_at_the_embeddings_scale_and_rebuilt_by_the_decoder():
+    table = random_tokens(4096, 64, 0.02, 7)  # (V, d)
+    assert table.shape == (4096, 64) and torch.equal(table, random_tokens(4096, 64, 0.02, 7))
+    assert not torch.equal(table, random_tokens(4096, 64, 0.02, 8)) and abs(float(table.std()) - 0.02) < 1e-3
+    basis = fixed_basis(64, 16, "random", 0)._replace(tokens=table)
+    enc, dec = Encoder(64, 16, 1, 1, basis, True), Decoder(64, 16, 1, basis, True)
+    ids = torch.randint(0, 4096, (2, 5))
+    h = table[ids]  # (B, T, d): what the table predicts, so the code is zero and the decoder rebuilds h exactly
+    code, sink = enc(h, ids)
+    assert torch.equal(code, torch.zeros_like(code)) and torch.equal(dec(code, sink, ids), h)
 
 
 def test_decoder_and_encoder_round_trip_a_subspace_exactly():

@@ -64,6 +64,36 @@ def test_the_torch_engine_carries_the_bottleneck_too(tmp_path):
     assert 3.5 < stats["b0.act"]["ratio"] < 4
 
 
+def test_from_scratch_a_seeded_random_token_table_crosses_with_the_ids_in_both_engines(tmp_path):
+    """Trained from scratch there is nothing to fit a token table to: --bottleneck-tokens takes a seeded random one
+    (bottleneck.random_tokens, at the embedding's init scale), the same in the cut's encoder and decoder and in every
+    engine, and the int16 ids of bpe512's vocabulary cross beside the code, counted in the bytes."""
+    import torch
+
+    from pp_lab.bottleneck import random_tokens
+
+    common = [*TINY, "--steps", "2", "--eval-every", "2", "--save-every", "2", "--bottleneck", str(K),
+              "--pp-compress", "int8,min_numel=0"]
+    ok(*run_job(PRETRAIN, 2, *common, "--out", str(tmp_path / "plain")))
+    ok(*run_job(PRETRAIN, 2, *common, "--bottleneck-tokens", "--out", str(tmp_path / "tokens")))
+    ids = B * T * 2  # int16 ids of a micro-batch
+    for a, b in zip(rows(tmp_path / "plain", "train"), rows(tmp_path / "tokens", "train")):
+        assert b["act_raw_bytes"] == a["act_raw_bytes"] + 2 * ids and b["grad_raw_bytes"] == a["grad_raw_bytes"]
+        assert b["loss"] != a["loss"]  # the table reaches the blocks after the cut
+    tables = [t for f in sorted((tmp_path / "tokens" / "ckpt" / "global_step2").glob("layer_*-model_states.pt"))
+              for n, t in torch.load(f, weights_only=True).items() if n.endswith("coder.tokens")]
+    model = json.loads((tmp_path / "tokens" / "run.json").read_text())["model"]
+    expected = random_tokens(model["vocab_size"], D, model["init_std"], model["subspace_seed"])
+    assert len(tables) == 2 and all(torch.equal(t, expected) for t in tables)
+    ok(*run_job(PRETRAIN, 2, *common, "--bottleneck-tokens", "--untied", "--engine", "torch",
+                "--out", str(tmp_path / "torch")))
+    stats = json.loads((tmp_path / "torch" / "summary.json").read_text())["stats"]
+    assert stats["b0.act"]["raw_bytes"] == 2 * (2 * ((B * T * K + B * D) * 4 + ids) + 2 * B * 8)
+    rc, log = run_job(PRETRAIN, 2, *common, "--bottleneck-tokens", "--bottleneck-init", "identity",
+                      "--out", str(tmp_path / "identity"))
+    assert rc != 0 and "--bottleneck-tokens with --bottleneck-init identity" in log
+
+
 def test_the_pca_blend_and_fisher_inits_start_a_pretrained_model_close_to_itself(tmp_path):
     """The init flags reach the engine's calibration: k = d from pca is the pretrained model itself, and each init
     at k < d starts somewhere of its own. (The bases' own properties, fisher's oblique identity at k = d included,

@@ -147,11 +147,16 @@ LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # The learned bottleneck trained from the start (issue 44, ResBM's regime), where SmolLM2's rows retrofit one into a
 # pretrained model: the small GPT (d = 192) from random orthonormal encoders and decoders, k coordinates a token, d / k
 # tokens a row on the wire. d/4 through int8 is the same bytes as `subspace48-int8` (a fixed seed-derived basis,
-# +0.128); then d/8 through int8 and d/2 through `aggressive`'s vq near 1 and 2 bits, and d/16 down to ResBM's 128x.
-LONG_BOTTLENECK = [(48, "int8"), (24, "int8"), (96, "vq4"), (12, "int8"), (12, "vq4")]
-for _k, _codec in LONG_BOTTLENECK:
-    LONG[f"bn{_k}-{_codec}"] = {"int8": "int8", "vq4": "act=vq:4,grad=vq:3"}[_codec]
-    EXTRA[f"bn{_k}-{_codec}"] = ["--bottleneck", str(_k), "--bottleneck-group", str(192 // _k)]
+# +0.128). `tokens`: each cut's decoder also re-adds a seeded random token table at the token's id (the ids cross
+# beside the code), as Subspace Networks re-add their fixed embedding at every stage; the plain d/4 row fell behind
+# the fixed subspace, which has that path. Then d/8 and d/16 near 1 and 0.25 bits (ResBM's 128x), and the rest.
+LONG_BOTTLENECK = [(48, "int8", ""), (48, "int8", "tokens"), (24, "int8", "tokens"), (12, "vq4", "tokens"),
+                   (96, "vq4", ""), (24, "int8", ""), (12, "int8", ""), (12, "vq4", "")]
+for _k, _codec, _variant in LONG_BOTTLENECK:
+    _name = f"bn{_k}{'-' + _variant if _variant else ''}-{_codec}"
+    LONG[_name] = {"int8": "int8", "vq4": "act=vq:4,grad=vq:3"}[_codec]
+    EXTRA[_name] = ["--bottleneck", str(_k), "--bottleneck-group", str(192 // _k),
+                    *(["--bottleneck-tokens"] if _variant == "tokens" else [])]
 # The real-model testbed (issue 24): continued pretraining of SmolLM2-135M-Instruct (LLaMA architecture, 30 blocks,
 # outlier channels and an attention sink from the middle layers on; `make models`) on Jane Austen's novels, 5% of every
 # file held out. 4 pipeline stages as DeepSpeed balances them: cuts after blocks 8, 16 and 23, so one run compresses an
@@ -265,7 +270,7 @@ LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace
               "act-topk0.3row-int8+ef_grad-int8", "act-lowrank8+ef21_grad-int8", "act-nf40_grad-nf5stoch", "topk0.1", "topk0.1+ef",
               "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.2", "topk0.3", "topk0.1+aqsgd", "act-nf4_grad-nf3stoch",
               "act-int4_grad-int4stoch", "act-int3rot_grad-int4stoch", "subspace48", "int8rot", "act-vq4_grad-vq3",
-              *(f"bn{k}-{codec}" for k, codec in LONG_BOTTLENECK)]
+              *(f"bn{k}{'-' + v if v else ''}-{codec}" for k, codec, v in LONG_BOTTLENECK)]
 assert sorted(LONG_ORDER) == sorted([*LONG, *FT_EPOCHS]), "every long setting runs exactly once"
 # Is `auto` (issue 46) at parity? Its runs train over emulated links (benchmarks/throttle.py: a sender sleeps for a
 # message's time on its link) so that it has choices to make: boundary 0 unlimited, boundary 2 at 25 Mbit/s, and
