@@ -67,7 +67,8 @@ def test_the_torch_engine_carries_the_bottleneck_too(tmp_path):
 def test_from_scratch_a_seeded_random_token_table_crosses_with_the_ids_in_both_engines(tmp_path):
     """Trained from scratch there is nothing to fit a token table to: --bottleneck-tokens takes a seeded random one
     (bottleneck.random_tokens, at the embedding's init scale), the same in the cut's encoder and decoder and in every
-    engine, and the int16 ids of bpe512's vocabulary cross beside the code, counted in the bytes."""
+    engine, and the int16 ids of bpe512's vocabulary cross beside the code, counted in the bytes (with
+    --bottleneck-sink 0, as the study's from-scratch rows, the code and the ids alone)."""
     import torch
 
     from pp_lab.bottleneck import random_tokens
@@ -85,10 +86,10 @@ def test_from_scratch_a_seeded_random_token_table_crosses_with_the_ids_in_both_e
     model = json.loads((tmp_path / "tokens" / "run.json").read_text())["model"]
     expected = random_tokens(model["vocab_size"], D, model["init_std"], model["subspace_seed"])
     assert len(tables) == 2 and all(torch.equal(t, expected) for t in tables)
-    ok(*run_job(PRETRAIN, 2, *common, "--bottleneck-tokens", "--untied", "--engine", "torch",
-                "--out", str(tmp_path / "torch")))
+    ok(*run_job(PRETRAIN, 2, *common, "--bottleneck-tokens", "--bottleneck-sink", "0", "--untied", "--engine",
+                "torch", "--out", str(tmp_path / "torch")))
     stats = json.loads((tmp_path / "torch" / "summary.json").read_text())["stats"]
-    assert stats["b0.act"]["raw_bytes"] == 2 * (2 * ((B * T * K + B * D) * 4 + ids) + 2 * B * 8)
+    assert stats["b0.act"]["raw_bytes"] == 2 * (2 * (B * T * K * 4 + ids) + 2 * B * 8)  # no token in full
     rc, log = run_job(PRETRAIN, 2, *common, "--bottleneck-tokens", "--bottleneck-init", "identity",
                       "--out", str(tmp_path / "identity"))
     assert rc != 0 and "--bottleneck-tokens with --bottleneck-init identity" in log
