@@ -150,10 +150,10 @@ LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # has no attention sink to keep; in full, one token of 128 in fp32 would cost 0.25 bits per element, ResBM's whole
 # budget). d/4 through int8 is the same bytes as `subspace48-int8` (a fixed seed-derived basis, +0.128). `tokens`:
 # each cut's decoder also re-adds a seeded random token table at the token's id (the ids cross beside the code), as
-# Subspace Networks re-add their fixed embedding at every stage. With it, d/16 through vq (near ResBM's 128x), d/8
-# through int8 and d/2 through vq, near 0.25, 1 and 2 bits.
-LONG_BOTTLENECK = [(48, "int8", "tokens"), (48, "int8", ""), (12, "vq4", "tokens"), (24, "int8", "tokens"),
-                   (96, "vq4", "tokens")]
+# Subspace Networks re-add their fixed embedding at every stage. With it, d/2 through vq, d/8 through int8 and d/16
+# through vq (near ResBM's 128x), near 2, 1 and 0.25 bits.
+LONG_BOTTLENECK = [(48, "int8", "tokens"), (48, "int8", ""), (96, "vq4", "tokens"), (24, "int8", "tokens"),
+                   (12, "vq4", "tokens")]
 for _k, _codec, _variant in LONG_BOTTLENECK:
     _name = f"bn{_k}{'-' + _variant if _variant else ''}-{_codec}"
     LONG[_name] = {"int8": "int8", "vq4": "act=vq:4,grad=vq:3"}[_codec]
