@@ -146,19 +146,21 @@ FT_EP_COMMON = ["--stages", "2", "--data", "austen", "--train-sequences", "32", 
 LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # The learned bottleneck trained from the start (issue 44, ResBM's regime), where SmolLM2's rows retrofit one into a
 # pretrained model: the small GPT (d = 192) from random orthonormal encoders and decoders, k coordinates a token, d / k
-# tokens a row on the wire, and no token sent in full (`--bottleneck-sink 0`: a model trained with the bottleneck
-# has no attention sink to keep; in full, one token of 128 in fp32 would cost 0.25 bits per element, ResBM's whole
-# budget). d/4 through int8 is the same bytes as `subspace48-int8` (a fixed seed-derived basis, +0.128). `tokens`:
-# each cut's decoder also re-adds a seeded random token table at the token's id (the ids cross beside the code), as
-# Subspace Networks re-add their fixed embedding at every stage. With it, d/2 through vq, d/8 through int8 and d/16
-# through vq (near ResBM's 128x), near 2, 1 and 0.25 bits.
-LONG_BOTTLENECK = [(48, "int8", "tokens"), (48, "int8", ""), (96, "vq4", "tokens"), (24, "int8", "tokens"),
-                   (12, "vq4", "tokens")]
+# tokens a row on the wire. d/4 through int8 is the same bytes as `subspace48-int8` (a fixed seed-derived basis,
+# +0.128). The first token crosses in full, as on SmolLM2 (its code in a row would set the row's scale), but through
+# the codec (`min_numel=0`: alone it is smaller than the size below which tensors cross raw, and in fp32 it would cost
+# 0.25 bits per element, ResBM's whole budget). The first two rows sent no token in full (`sink0`), one of them with a
+# seeded random token table re-added by each decoder at the token's id, as Subspace Networks re-add their fixed
+# embedding at every stage (`tokens`). Then d/2 through vq, d/8 through int8 and d/16 through vq (near ResBM's 128x),
+# near 2, 1 and 0.25 bits.
+LONG_BOTTLENECK = [(48, "int8", "tokens-sink0"), (48, "int8", "sink0"), (48, "int8", ""), (96, "vq4", ""),
+                   (24, "int8", ""), (12, "vq4", "")]
 for _k, _codec, _variant in LONG_BOTTLENECK:
-    _name = f"bn{_k}{'-' + _variant if _variant else ''}-{_codec}"
-    LONG[_name] = {"int8": "int8", "vq4": "act=vq:4,grad=vq:3"}[_codec]
-    EXTRA[_name] = ["--bottleneck", str(_k), "--bottleneck-group", str(192 // _k), "--bottleneck-sink", "0",
-                    *(["--bottleneck-tokens"] if _variant == "tokens" else [])]
+    _name, _parts = f"bn{_k}{'-' + _variant if _variant else ''}-{_codec}", _variant.split("-")
+    LONG[_name] = {"int8": "int8", "vq4": "act=vq:4,grad=vq:3"}[_codec] + ("" if "sink0" in _parts else ",min_numel=0")
+    EXTRA[_name] = ["--bottleneck", str(_k), "--bottleneck-group", str(192 // _k),
+                    *(["--bottleneck-sink", "0"] if "sink0" in _parts else []),
+                    *(["--bottleneck-tokens"] if "tokens" in _parts else [])]
 # The real-model testbed (issue 24): continued pretraining of SmolLM2-135M-Instruct (LLaMA architecture, 30 blocks,
 # outlier channels and an attention sink from the middle layers on; `make models`) on Jane Austen's novels, 5% of every
 # file held out. 4 pipeline stages as DeepSpeed balances them: cuts after blocks 8, 16 and 23, so one run compresses an
