@@ -1,12 +1,17 @@
-"""Where along training each bottleneck row's gap to the uncompressed run opens or closes (SmolLM2 study).
+"""Where along training each bottleneck row's gap to the uncompressed run opens or closes.
 
     python benchmarks/bottleneck_gap.py --out results/bench/bottleneck_gap_smollm2
+    python benchmarks/bottleneck_gap.py --protocol long --out results/bench/bottleneck_gap_long
 
-The bottleneck rows are evaluated before their first step (--eval-at-start); the uncompressed baseline was not. This
-evaluates the pretrained model once on the same validation batches (the study's own arguments, one step, no
-compression; kept as <out>.start.jsonl, so that a later call reuses it), then writes <out>.md: for every committed
-bottleneck row, its validation loss minus the baseline's at steps 0, 25, 50, 100 and 200, and the share of the gap at
-step 0 that training closed by the end.
+SmolLM2 (the default): the bottleneck rows are evaluated before their first step (--eval-at-start); the uncompressed
+baseline was not. This evaluates the pretrained model once on the same validation batches (the study's own arguments,
+one step, no compression; kept as <out>.start.jsonl, so that a later call reuses it), then writes <out>.md: for every
+committed bottleneck row, its validation loss minus the baseline's at steps 0, 25, 50, 100 and 200, and the share of
+the gap at step 0 that training closed by the end.
+
+The long protocol (the small GPT from scratch): every committed bottleneck row (`bn*`) and subspace model
+(`subspace*`, the fixed-basis control) at steps 50, 100, 300, 600 and 1000; there is no pretrained start to close a
+gap from.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from pp_lab.launch import run_job
 from pp_lab.paths import RESULTS, ROOT
 
 STEPS = (0, 25, 50, 100, 200)
+LONG_STEPS = (50, 100, 300, 600, 1000)
 
 
 def evals(metrics: Path) -> dict[int, float]:
@@ -42,24 +48,49 @@ def measure_start(dest: Path) -> None:
         shutil.copy(Path(tmp) / "run" / "metrics.jsonl", dest)
 
 
-def table(base: dict[int, float], rows: dict[str, dict[int, float]]) -> list[str]:
-    """Markdown rows: each run's gap to `base` at STEPS, and the share of its step-0 gap closed at its last step."""
-    out = ["| setting | " + " | ".join(f"gap at step {s}" for s in STEPS) + " | share of the start's gap closed |",
-           "|---|" + "---|" * (len(STEPS) + 1)]
+def table(base: dict[int, float], rows: dict[str, dict[int, float]], steps: tuple[int, ...] = STEPS) -> list[str]:
+    """Markdown rows: each run's gap to `base` at `steps`, and, where they start at step 0, the share of its step-0
+    gap closed at its last step."""
+    share = steps[0] == 0
+    out = ["| setting | " + " | ".join(f"gap at step {s}" for s in steps)
+           + (" | share of the start's gap closed |" if share else " |"), "|---|" + "---|" * (len(steps) + share)]
     for name, ev in sorted(rows.items()):
-        gaps = {s: ev[s] - base[s] for s in STEPS if s in ev and s in base}
-        last = max(gaps)
-        closed = 1 - gaps[last] / gaps[0] if gaps[0] > 0 else float("nan")
-        out.append(f"| {name} | " + " | ".join(f"{gaps[s]:+.3f}" if s in gaps else "" for s in STEPS)
-                   + f" | {closed:.0%} |")
+        gaps = {s: ev[s] - base[s] for s in steps if s in ev and s in base}
+        cells = [f"{gaps[s]:+.3f}" if s in gaps else "" for s in steps]
+        if share:
+            closed = 1 - gaps[max(gaps)] / gaps[0] if gaps[0] > 0 else float("nan")
+            cells.append(f"{closed:.0%}")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
     return out
+
+
+def long_rows(results: Path) -> tuple[dict[int, float], dict[str, dict[int, float]], str]:
+    """The long protocol's baseline, its bottleneck and subspace rows of the baseline's length, and their caption."""
+    base = evals(results / "base" / "metrics.jsonl")
+    rows = {p.parent.name: evals(p) for pattern in ("bn*", "subspace*") for p in results.glob(f"{pattern}/metrics.jsonl")}
+    rows = {name: ev for name, ev in rows.items() if ev and max(ev) == max(base)}
+    if not rows:
+        raise SystemExit(f"{results}: no bottleneck or subspace row of {max(base)} steps")
+    return base, rows, (f"Validation loss minus the uncompressed baseline's (`{results.relative_to(ROOT)}/base`), same "
+                        "batches; the small GPT trained from scratch. A positive gap is worse than the baseline.")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="writes <out>.md (and <out>.start.jsonl once)")
-    ap.add_argument("--results", type=Path, default=RESULTS / "smollm2", help="the study's committed rows")
+    ap.add_argument("--protocol", choices=("smollm2", "long"), default="smollm2", help="the study whose rows to read")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="the study's committed rows (default results/eval/smollm2 or results/eval/long)")
     args = ap.parse_args()
+    args.results = args.results or RESULTS / args.protocol
+    command = "python benchmarks/bottleneck_gap.py " + shlex.join(sys.argv[1:])
+    if args.protocol == "long":
+        base, rows, caption = long_rows(args.results)
+        lines = [f"Command: `{command}`", "", caption, "", *table(base, rows, LONG_STEPS)]
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return
     start = args.out.with_suffix(".start.jsonl")
     if not start.exists():
         start.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +100,6 @@ def main() -> None:
     rows = {name: ev for name, ev in rows.items() if 0 in ev and max(ev) == max(base)}  # same schedule, started
     if not rows:
         raise SystemExit(f"{args.results}: no bottleneck row with a step-0 evaluation and {max(base)} steps")
-    command = "python benchmarks/bottleneck_gap.py " + shlex.join(sys.argv[1:])
     lines = [f"Command: `{command}`", "",
              f"Validation loss minus the uncompressed baseline's (`{args.results.relative_to(ROOT)}/sm-base`), same "
              f"batches. The baseline at step 0 is the pretrained model, evaluated by this command "

@@ -39,3 +39,20 @@ def test_no_comparable_row_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["x", "--out", str(out), "--results", str(results)])
     with pytest.raises(SystemExit, match="no bottleneck row with a step-0 evaluation and 200 steps"):
         bottleneck_gap.main()
+
+
+def test_the_long_protocol_compares_bottleneck_and_subspace_rows_from_scratch(tmp_path, monkeypatch):
+    results, out = tmp_path / "long", tmp_path / "gap_long"
+    write(results / "base" / "metrics.jsonl", {50: 6.0, 100: 5.5, 300: 5.0, 600: 4.7, 1000: 4.5})
+    write(results / "bn48-int8" / "metrics.jsonl", {50: 6.2, 100: 5.7, 300: 5.2, 600: 4.9, 1000: 4.7})
+    write(results / "subspace48-int8" / "metrics.jsonl", {50: 6.1, 300: 5.1, 1000: 4.6})
+    write(results / "bn12-vq4" / "metrics.jsonl", {50: 6.5, 300: 5.6})  # still running: another length
+    write(results / "int8" / "metrics.jsonl", {50: 6.0, 1000: 4.5})  # neither a bottleneck nor a subspace row
+    monkeypatch.setattr(sys, "argv", ["x", "--protocol", "long", "--out", str(out), "--results", str(results)])
+    monkeypatch.setattr(bottleneck_gap, "ROOT", tmp_path)
+    bottleneck_gap.main()
+    md = out.with_suffix(".md").read_text()
+    assert "| bn48-int8 | +0.200 | +0.200 | +0.200 | +0.200 | +0.200 |" in md
+    assert "| subspace48-int8 | +0.100 |  | +0.100 |  | +0.100 |" in md
+    assert "bn12-vq4" not in md and "| int8 " not in md and "share" not in md
+    assert not out.with_suffix(".start.jsonl").exists()  # nothing is evaluated from scratch
