@@ -151,13 +151,15 @@ LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # the codec (`min_numel=0`: alone it is smaller than the size below which tensors cross raw, and in fp32 it would cost
 # 0.25 bits per element, ResBM's whole budget). The first two rows sent no token in full (`sink0`), one of them with a
 # seeded random token table re-added by each decoder at the token's id, as Subspace Networks re-add their fixed
-# embedding at every stage (`tokens`). Then d/2 through vq, d/8 through int8 and d/16 through vq (near ResBM's 128x),
-# near 2, 1 and 0.25 bits.
+# embedding at every stage (`tokens`). Then d/2 through vq, d/4 with no codec (the bottleneck's own cost: d/4 through
+# int8 ended further from the baseline than the fixed subspace through int8), d/8 through int8 and d/16 through vq
+# (near ResBM's 128x), near 2, 1 and 0.25 bits.
 LONG_BOTTLENECK = [(48, "int8", "tokens-sink0"), (48, "int8", "sink0"), (48, "int8", ""), (96, "vq4", ""),
-                   (24, "int8", ""), (12, "vq4", "")]
+                   (48, "none", ""), (24, "int8", ""), (12, "vq4", "")]
 for _k, _codec, _variant in LONG_BOTTLENECK:
     _name, _parts = f"bn{_k}{'-' + _variant if _variant else ''}-{_codec}", _variant.split("-")
-    LONG[_name] = {"int8": "int8", "vq4": "act=vq:4,grad=vq:3"}[_codec] + ("" if "sink0" in _parts else ",min_numel=0")
+    LONG[_name] = {"none": "none", "int8": "int8", "vq4": "act=vq:4,grad=vq:3"}[_codec] \
+        + ("" if "sink0" in _parts else ",min_numel=0")
     EXTRA[_name] = ["--bottleneck", str(_k), "--bottleneck-group", str(192 // _k),
                     *(["--bottleneck-sink", "0"] if "sink0" in _parts else []),
                     *(["--bottleneck-tokens"] if "tokens" in _parts else [])]
@@ -292,6 +294,8 @@ _SM_ORDER.insert(_SM_ORDER.index("sm-bn288-lr10-vq4") + 1, "sm-auto-mixed")  # a
 # protocol -> (names in run order, where the runs go)
 PROTOCOLS = {"short": (list(SETTINGS), ROOT / "runs" / "study"),
              "long": ([*LONG_ORDER, *AUTO_LONG], ROOT / "runs" / "study_long"),
+             # the long protocol's from-scratch bottleneck rows alone, where the long study's runs go
+             "long-bottleneck": ([n for n in LONG_ORDER if n.startswith("bn")], ROOT / "runs" / "study_long"),
              "smollm2": (_SM_ORDER, ROOT / "runs" / "study_smollm2")}
 
 
@@ -310,7 +314,7 @@ def job(name: str, protocol: str) -> tuple[str, int, list[str], str]:
             raise SystemExit(f"unknown setting {name!r} in the smollm2 protocol; accepted: {', '.join(SMOLLM2)}")
         start = ["--eval-at-start"] if name in AT_START else []
         return "finetune.py", 4, [*SM_COMMON, "--seed", str(SEEDS.get(name, 0)), *EXTRA.get(name, []), *start], SMOLLM2[name]
-    settings, common = (LONG, LONG_COMMON) if protocol == "long" else (SETTINGS, COMMON)
+    settings, common = (LONG, LONG_COMMON) if protocol.startswith("long") else (SETTINGS, COMMON)
     if name not in settings:
         raise SystemExit(f"unknown setting {name!r} in the {protocol} protocol; accepted: {', '.join([*PROTOCOLS[protocol][0], *FINETUNE])}")
     return "pretrain.py", 4, [*common, "--seed", str(SEEDS.get(name, 0)), *EXTRA.get(name, [])], settings[name]
@@ -321,7 +325,7 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated setting names")
     ap.add_argument("--protocol", choices=list(PROTOCOLS), default="short",
                     help="short: 120 steps (the first study, kept as history); long: 1,000 steps (the headline); "
-                         "smollm2: continued pretraining of SmolLM2-135M")
+                         "long-bottleneck: its bottleneck rows alone; smollm2: continued pretraining of SmolLM2-135M")
     ap.add_argument("--runs", type=Path, default=None, help="where the runs go (default runs/study, runs/study_long)")
     ap.add_argument("--finetune", action="store_true", help=f"the short finetuning settings {list(FINETUNE)} instead")
     ap.add_argument("--retrain", action="store_true",

@@ -138,3 +138,6 @@ def test_the_from_scratch_bottleneck_rows_train_the_small_gpt_with_a_random_init
         assert (_flag(args, "--bottleneck-sink") == "0") == sink0 and spec.endswith(",min_numel=0") != sink0
     assert study.job("bn48-sink0-int8", "long")[3] == study.LONG["subspace48-int8"] == "int8"  # its control's codec
     assert "bn48-tokens-sink0-int8" in rows and "bn12-vq4" in rows
+    alone, runs = study.PROTOCOLS["long-bottleneck"]
+    assert alone == rows and runs == study.PROTOCOLS["long"][1]
+    assert all(study.job(n, "long-bottleneck") == study.job(n, "long") for n in rows)
