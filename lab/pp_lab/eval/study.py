@@ -151,11 +151,12 @@ LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # the codec (`min_numel=0`: alone it is smaller than the size below which tensors cross raw, and in fp32 it would cost
 # 0.25 bits per element, ResBM's whole budget). The first two rows sent no token in full (`sink0`), one of them with a
 # seeded random token table re-added by each decoder at the token's id, as Subspace Networks re-add their fixed
-# embedding at every stage (`tokens`). Then d/2 through vq, d/4 with no codec (the bottleneck's own cost: d/4 through
-# int8 ended further from the baseline than the fixed subspace through int8), d/8 through int8 and d/16 through vq
-# (near ResBM's 128x), near 2, 1 and 0.25 bits.
+# embedding at every stage (`tokens`). Then d/2 through vq; k = d with no codec (nothing is lost at the cut, but the
+# encoders and decoders train: what training them costs, since d/2 through vq ended near d/4 through int8); d/4 with no
+# codec (the bottleneck's own cost: d/4 through int8 ended further from the baseline than the fixed subspace through
+# int8); d/8 through int8 and d/16 through vq (near ResBM's 128x), near 2, 1 and 0.25 bits.
 LONG_BOTTLENECK = [(48, "int8", "tokens-sink0"), (48, "int8", "sink0"), (48, "int8", ""), (96, "vq4", ""),
-                   (48, "none", ""), (24, "int8", ""), (12, "vq4", "")]
+                   (192, "none", ""), (48, "none", ""), (24, "int8", ""), (12, "vq4", "")]
 for _k, _codec, _variant in LONG_BOTTLENECK:
     _name, _parts = f"bn{_k}{'-' + _variant if _variant else ''}-{_codec}", _variant.split("-")
     LONG[_name] = {"none": "none", "int8": "int8", "vq4": "act=vq:4,grad=vq:3"}[_codec] \
