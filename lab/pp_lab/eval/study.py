@@ -152,17 +152,20 @@ LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # 0.25 bits per element, ResBM's whole budget). The first two rows sent no token in full (`sink0`), one of them with a
 # seeded random token table re-added by each decoder at the token's id, as Subspace Networks re-add their fixed
 # embedding at every stage (`tokens`). Then d/2 through vq; k = d with no codec (nothing is lost at the cut, but the
-# encoders and decoders train: what training them costs, since d/2 through vq ended near d/4 through int8); d/4 with no
-# codec (the bottleneck's own cost: d/4 through int8 ended further from the baseline than the fixed subspace through
-# int8); d/8 through int8 and d/16 through vq (near ResBM's 128x), near 2, 1 and 0.25 bits.
+# encoders and decoders train: what training them costs, since d/2 through vq ended near d/4 through int8). k = d
+# was far behind the baseline, so then the bottleneck `frozen` at its random orthonormal init (a fixed low-rank
+# identity path, as ResBM keeps one) at d/4 through int8, d/2 through vq and d/16 through vq (near ResBM's 128x); then
+# the trainable d/4 with no codec, d/8 through int8 and d/16 through vq.
 LONG_BOTTLENECK = [(48, "int8", "tokens-sink0"), (48, "int8", "sink0"), (48, "int8", ""), (96, "vq4", ""),
-                   (192, "none", ""), (48, "none", ""), (24, "int8", ""), (12, "vq4", "")]
+                   (192, "none", ""), (48, "int8", "frozen"), (96, "vq4", "frozen"), (12, "vq4", "frozen"),
+                   (48, "none", ""), (24, "int8", ""), (12, "vq4", "")]
 for _k, _codec, _variant in LONG_BOTTLENECK:
     _name, _parts = f"bn{_k}{'-' + _variant if _variant else ''}-{_codec}", _variant.split("-")
     LONG[_name] = {"none": "none", "int8": "int8", "vq4": "act=vq:4,grad=vq:3"}[_codec] \
         + ("" if "sink0" in _parts else ",min_numel=0")
     EXTRA[_name] = ["--bottleneck", str(_k), "--bottleneck-group", str(192 // _k),
                     *(["--bottleneck-sink", "0"] if "sink0" in _parts else []),
+                    *(["--bottleneck-frozen"] if "frozen" in _parts else []),
                     *(["--bottleneck-tokens"] if "tokens" in _parts else [])]
 # The real-model testbed (issue 24): continued pretraining of SmolLM2-135M-Instruct (LLaMA architecture, 30 blocks,
 # outlier channels and an attention sink from the middle layers on; `make models`) on Jane Austen's novels, 5% of every
