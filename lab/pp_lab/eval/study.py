@@ -154,7 +154,7 @@ LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # embedding at every stage (`tokens`). Then d/2 through vq; k = d with no codec (nothing is lost at the cut, but the
 # encoders and decoders train: what training them costs, since d/2 through vq ended near d/4 through int8). k = d
 # was far behind the baseline, so then the bottleneck `frozen` at its random orthonormal init (a fixed low-rank
-# identity path, as ResBM keeps one) at d/4 through int8, d/2 through vq and d/16 through vq (near ResBM's 128x); then
+# identity path; ResBM preserves one beside its trained encoder-decoder) at d/4 through int8, d/2 through vq and d/16 through vq (near ResBM's 128x); then
 # the trainable d/4 with no codec, d/8 through int8 and d/16 through vq.
 LONG_BOTTLENECK = [(48, "int8", "tokens-sink0"), (48, "int8", "sink0"), (48, "int8", ""), (96, "vq4", ""),
                    (192, "none", ""), (48, "int8", "frozen"), (96, "vq4", "frozen"), (12, "vq4", "frozen"),
