@@ -84,29 +84,34 @@ def main() -> None:
     args = ap.parse_args()
     args.results = args.results or RESULTS / args.protocol
     command = "python benchmarks/bottleneck_gap.py " + shlex.join(sys.argv[1:])
-    if args.protocol == "long":
-        base, rows, caption = long_rows(args.results)
-        lines = [f"Command: `{command}`", "", caption, "", *table(base, rows, LONG_STEPS)]
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-        print("\n".join(lines))
-        return
-    start = args.out.with_suffix(".start.jsonl")
+    lines = [f"Command: `{command}`", "", *(long_table(args.results) if args.protocol == "long"
+                                            else smollm2_table(args.results, args.out))]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def long_table(results: Path) -> list[str]:
+    """The long protocol's caption and table (nothing is evaluated: there is no pretrained start)."""
+    base, rows, caption = long_rows(results)
+    return [caption, "", *table(base, rows, LONG_STEPS)]
+
+
+def smollm2_table(results: Path, out: Path) -> list[str]:
+    """SmolLM2's caption and table, the pretrained start evaluated once into <out>.start.jsonl."""
+    start = out.with_suffix(".start.jsonl")
     if not start.exists():
         start.parent.mkdir(parents=True, exist_ok=True)
         measure_start(start)
-    base = {**evals(args.results / "sm-base" / "metrics.jsonl"), 0: evals(start)[0]}
-    rows = {p.parent.name: evals(p) for p in args.results.glob("sm-bn*/metrics.jsonl")}
+    base = {**evals(results / "sm-base" / "metrics.jsonl"), 0: evals(start)[0]}
+    rows = {p.parent.name: evals(p) for p in results.glob("sm-bn*/metrics.jsonl")}
     rows = {name: ev for name, ev in rows.items() if 0 in ev and max(ev) == max(base)}  # same schedule, started
     if not rows:
-        raise SystemExit(f"{args.results}: no bottleneck row with a step-0 evaluation and {max(base)} steps")
-    lines = [f"Command: `{command}`", "",
-             f"Validation loss minus the uncompressed baseline's (`{args.results.relative_to(ROOT)}/sm-base`), same "
-             f"batches. The baseline at step 0 is the pretrained model, evaluated by this command "
-             f"(`{start.name}`: {base[0]:.4f}). A positive gap is worse than the baseline.", "",
-             *table(base, rows)]
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        raise SystemExit(f"{results}: no bottleneck row with a step-0 evaluation and {max(base)} steps")
+    return [f"Validation loss minus the uncompressed baseline's (`{results.relative_to(ROOT)}/sm-base`), same "
+            f"batches. The baseline at step 0 is the pretrained model, evaluated by this command "
+            f"(`{start.name}`: {base[0]:.4f}). A positive gap is worse than the baseline.", "",
+            *table(base, rows)]
 
 
 if __name__ == "__main__":
