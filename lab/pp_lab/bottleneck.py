@@ -34,6 +34,11 @@ a token's embedding to its hidden state on the calibration data (a frozen table,
 h - T[id], whose principal subspace holds more of what is left; the token ids cross the boundary beside the code
 (a few bytes a token against the d values of the hidden state). A model trained from scratch has no hidden states to
 fit T to: `random_tokens` gives it a seeded random table instead, which the blocks after each cut learn to read.
+
+With a `residual` width r, in the manner of ResBM, each map stays fixed at its initialisation (an explicit low-rank
+identity path) and a trained branch beside it adds what a linear map cannot: code = W_e h + b_e + B_e(h) and h = W_d
+code + b_d + B_d(code), with B(x) = W_2 gelu(W_1 rmsnorm(x)) (width r). W_2 starts at zero, so the bottleneck starts
+as its identity path, bitwise.
 """
 from __future__ import annotations
 
@@ -70,17 +75,44 @@ TUNING: dict[str, float] = {"fisher": 1.0, "blend": 0.25}
 """The default of the one parameter that tunes each of these inits: fisher's damping, blend's gradient weight."""
 
 
+class Branch(nn.Module):
+    """The trained residual beside a fixed map (the module docstring): x (..., n_in) -> W_2 gelu(W_1 rmsnorm(x))
+    (..., n_out) through width r. W_2 starts at zero, so the branch adds exactly nothing until it trains; W_1 is drawn
+    from a generator of its own `seed`, so that the model's other weights see the same random numbers as without it."""
+
+    def __init__(self, n_in: int, n_out: int, width: int, std: float, seed: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.norm = nn.RMSNorm(n_in)
+        self.inner = nn.Parameter(torch.randn(width, n_in, generator=g) * std)  # (r, n_in)
+        self.outer = nn.Parameter(torch.zeros(n_out, width))  # (n_out, r)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(F.gelu(F.linear(self.norm(x), self.inner)), self.outer)  # (..., n_out)
+
+
 class _Coder(nn.Module):
     """What the encoder and the decoder share: a linear map (weight (out, in), bias (out,)) and the basis's frozen
     token table (V, d) or None, all set from a basis (`set_basis`), not drawn, so that the model's other weights see
-    the same random numbers as without a bottleneck; the table is in the checkpoint."""
+    the same random numbers as without a bottleneck; the table is in the checkpoint. With a `branch` (ResBM's
+    design) the map stays fixed, the low-rank identity path, and only the branch trains."""
 
-    def __init__(self, weight: tuple[int, int], basis: Basis, trainable: bool) -> None:
+    def __init__(self, weight: tuple[int, int], basis: Basis, trainable: bool, branch: Branch | None = None) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(weight), requires_grad=trainable)  # (out, in)
-        self.bias = nn.Parameter(torch.empty(weight[0]), requires_grad=trainable)  # (out,)
+        if branch is not None and not trainable:
+            raise ValueError("a bottleneck with a residual branch and trainable=False would train nothing; accepted: "
+                             "trainable=True with a branch (its maps then stay fixed), or no branch")
+        fixed = branch is not None or not trainable
+        self.weight = nn.Parameter(torch.empty(weight), requires_grad=not fixed)  # (out, in)
+        self.bias = nn.Parameter(torch.empty(weight[0]), requires_grad=not fixed)  # (out,)
         self.register_buffer("tokens", None if basis.tokens is None else torch.empty(basis.tokens.shape))  # (V, d)
+        self.branch = branch
         self.set_basis(basis)
+
+    def map(self, x: Tensor) -> Tensor:
+        """W x + b, plus the branch's output where there is one: (..., in) -> (..., out)."""
+        y = F.linear(x, self.weight, self.bias)  # (..., out)
+        return y if self.branch is None else y + self.branch(x)
 
     def set_basis(self, basis: Basis) -> None:
         """Weight, bias and token table from `basis`, in place: the encoder's map or the decoder's."""
@@ -92,8 +124,9 @@ class Encoder(_Coder):
     or with `group` g (B, T / g, g k): g tokens' codes in one row, so that a codec with a fixed cost per row (a scale,
     vq's pivot) pays it over g k values instead of k. With the basis's token table the code is of h - T[ids]."""
 
-    def __init__(self, d: int, k: int, sink: int, seq_dim: int, basis: Basis, trainable: bool, group: int = 1) -> None:
-        super().__init__((k, d), basis, trainable)
+    def __init__(self, d: int, k: int, sink: int, seq_dim: int, basis: Basis, trainable: bool, group: int = 1,
+                 branch: Branch | None = None) -> None:
+        super().__init__((k, d), basis, trainable, branch)
         self.sink, self.seq_dim, self.group = sink, seq_dim, group
 
     def set_basis(self, basis: Basis) -> None:
@@ -109,7 +142,7 @@ class Encoder(_Coder):
         rest = h.narrow(dim, self.sink, t - self.sink)  # (B, T - s, d)
         if self.tokens is not None:
             rest = rest - _predicted(self.tokens, ids, rest, self.sink, dim)
-        code = F.linear(rest, self.weight, self.bias)  # (B, T - s, k)
+        code = self.map(rest)  # (B, T - s, k)
         # the sink tokens' places stay in the code, as zeros: rows keep whole groups of tokens, and the sink's own
         # code (its channels are ~100x the others') would otherwise set the scale of every row it shares
         zeros = code.new_zeros(code.shape[:dim] + (self.sink,) + code.shape[dim + 1:])  # (B, s, k)
@@ -120,8 +153,9 @@ class Decoder(_Coder):
     """(code, sink (B, s, d) [, token ids (B, T)]) -> h (B, T, d): the decoded code (plus T[ids] with the basis's
     token table), with the first s tokens replaced by the sink."""
 
-    def __init__(self, d: int, k: int, seq_dim: int, basis: Basis, trainable: bool, group: int = 1) -> None:
-        super().__init__((d, k), basis, trainable)
+    def __init__(self, d: int, k: int, seq_dim: int, basis: Basis, trainable: bool, group: int = 1,
+                 branch: Branch | None = None) -> None:
+        super().__init__((d, k), basis, trainable, branch)
         self.seq_dim, self.k, self.group = seq_dim, k, group
 
     def set_basis(self, basis: Basis) -> None:
@@ -134,7 +168,7 @@ class Decoder(_Coder):
     def forward(self, code: Tensor, sink: Tensor, ids: Tensor | None = None) -> Tensor:
         if self.group > 1:
             code = code.reshape(code.shape[0], -1, self.k)  # (B, T, k)
-        h = F.linear(code, self.weight, self.bias)  # (B, T, d)
+        h = self.map(code)  # (B, T, d)
         s, dim = sink.shape[self.seq_dim], self.seq_dim
         h = h.narrow(dim, s, h.shape[dim] - s)  # (B, T - s, d)
         if self.tokens is not None:

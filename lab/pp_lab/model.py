@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pp_lab.bottleneck import Basis, Decoder, Encoder, fixed_basis
+from pp_lab.bottleneck import Basis, Branch, Decoder, Encoder, fixed_basis
 
 Flow = Union[Tensor, tuple[Tensor, ...]]  # hidden, or (hidden, sample_ids)
 PRESETS: dict[str, dict[str, Any]] = {
@@ -83,6 +83,10 @@ class GPTConfig:
     1 for the Megatron layout."""
     bottleneck_trainable: bool = True
     """False keeps the encoders and decoders at their initialisation: a fixed subspace, the learned one's control."""
+    bottleneck_residual: int = 0
+    """Width r of a trained residual branch beside each encoder and decoder (ResBM's design, pp_lab/bottleneck.py):
+    their linear maps then stay at their initialisation, a low-rank identity path, and only the branches train,
+    starting from zero. 0 = none."""
     bottleneck_tokens: bool = False
     """Each bottleneck also predicts every token's hidden state from its token id (a frozen table, V x d, fitted on
     the calibration data and kept in the checkpoint), and the code carries the rest; the token ids cross every
@@ -112,6 +116,11 @@ class GPTConfig:
             if self.bottleneck_group < 1 or (self.bottleneck_group > 1 and self.layout != "bsh"):
                 raise ValueError(f"bottleneck_group={self.bottleneck_group}; accepted: an integer >= 1 (> 1 with the "
                                  "'bsh' layout only)")
+        if self.bottleneck_residual < 0 or (self.bottleneck_residual and (self.bottleneck is None
+                                                                          or not self.bottleneck_trainable)):
+            raise ValueError(f"bottleneck_residual={self.bottleneck_residual} with bottleneck={self.bottleneck}, "
+                             f"bottleneck_trainable={self.bottleneck_trainable}; accepted: 0, or a width >= 1 with a "
+                             "trainable bottleneck (the branch is what trains)")
         if self.bottleneck_tokens and (self.bottleneck is None or self.layout != "bsh"):
             raise ValueError(f"bottleneck_tokens=True with bottleneck={self.bottleneck}, layout={self.layout!r}; "
                              "accepted: with a bottleneck and the 'bsh' layout")
@@ -352,11 +361,17 @@ class Block(_Loadable):
                                  "bottleneck_tokens=True, or a basis without one")
             return b
 
+        def branch(n_in: int, n_out: int, seed: int) -> Branch | None:
+            r = cfg.bottleneck_residual
+            return Branch(n_in, n_out, r, cfg.init_std, cfg.subspace_seed + seed) if r else None
+
+        # each branch's own seed, apart from the bases' (subspace_seed + cut)
         if i in cfg.bottleneck_after:
             self.encoder = Encoder(cfg.d_model, k, cfg.bottleneck_sink, seq_dim, basis(i), cfg.bottleneck_trainable,
-                                   cfg.bottleneck_group)
+                                   cfg.bottleneck_group, branch(cfg.d_model, k, 1000 * (i + 1)))
         if i - 1 in cfg.bottleneck_after:
-            self.decoder = Decoder(cfg.d_model, k, seq_dim, basis(i - 1), cfg.bottleneck_trainable, cfg.bottleneck_group)
+            self.decoder = Decoder(cfg.d_model, k, seq_dim, basis(i - 1), cfg.bottleneck_trainable, cfg.bottleneck_group,
+                                   branch(k, cfg.d_model, 1000 * i + 1))
 
     def hf_names(self) -> dict[str, str]:
         p = f"model.layers.{self.index}."

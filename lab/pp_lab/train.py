@@ -101,6 +101,10 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
                          "rest, and the token ids cross beside it")
     ap.add_argument("--bottleneck-frozen", action="store_true",
                     help="keep the encoders and decoders at their initialisation (a fixed subspace)")
+    ap.add_argument("--bottleneck-residual", type=int, default=0, metavar="R",
+                    help="a trained residual branch of width R beside each encoder and decoder (ResBM's design): "
+                         "their maps stay fixed at their initialisation, a low-rank identity path, and the branches "
+                         "train from zero (0: none)")
     ap.add_argument("--bottleneck-lr-scale", type=float, default=1.0, metavar="F",
                     help="the encoders' and decoders' learning rate is F x --lr (new layers in a pretrained model "
                          "often learn at a larger rate than its body); the schedule scales both alike")
@@ -186,11 +190,18 @@ def with_bottleneck(args: argparse.Namespace, cfg: GPTConfig, checkpoint: str | 
                              "bottleneck to train")
         if args.bottleneck_tokens:
             raise SystemExit("--bottleneck-tokens without --bottleneck: there is no bottleneck to predict for")
+        if args.bottleneck_residual:
+            raise SystemExit(f"--bottleneck-residual {args.bottleneck_residual} without --bottleneck: there is no "
+                             "bottleneck to put a branch beside")
         return cfg, None
+    if args.bottleneck_residual < 0 or (args.bottleneck_residual and args.bottleneck_frozen):
+        raise SystemExit(f"--bottleneck-residual {args.bottleneck_residual}"
+                         f"{' with --bottleneck-frozen' if args.bottleneck_frozen else ''}; accepted: 0, or a width "
+                         ">= 1 without --bottleneck-frozen (the maps stay fixed anyway; the branch is what trains)")
     cuts = tuple(int(c) - 1 for c in stage_cuts(cfg, args.stages))  # layer index (embedding first) -> block index
     cfg = dataclasses.replace(cfg, bottleneck=args.bottleneck, bottleneck_after=cuts, bottleneck_sink=args.bottleneck_sink,
                               bottleneck_group=args.bottleneck_group, bottleneck_trainable=not args.bottleneck_frozen,
-                              bottleneck_tokens=args.bottleneck_tokens)
+                              bottleneck_tokens=args.bottleneck_tokens, bottleneck_residual=args.bottleneck_residual)
     how = args.bottleneck_init or ("pca" if checkpoint is not None else "random")
     # from scratch there is nothing to fit the table to: a seeded random one, as Subspace Networks re-add theirs
     scratch = how == "random" and checkpoint is None

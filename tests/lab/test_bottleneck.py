@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pp_compress as ppc
-from pp_lab.bottleneck import Basis, Decoder, Encoder, calibrate, calibrate_fisher, fixed_basis, random_tokens
+from pp_lab.bottleneck import Basis, Branch, Decoder, Encoder, calibrate, calibrate_fisher, fixed_basis, random_tokens
 from pp_lab.model import GPT, Block, GPTConfig, lm_loss
 
 CFG = GPTConfig.preset("tiny", vocab_size=256)  # 4 blocks, d = 64
@@ -73,6 +73,48 @@ def test_a_frozen_bottleneck_does_not_train_and_a_bad_config_names_the_accepted_
         Encoder(64, 8, 1, 1, fixed_basis(64, 4, "random", 0), True)
     with pytest.raises(ValueError, match="needs data"):
         fixed_basis(64, 8, "pca", 0)
+
+
+def test_a_residual_branch_starts_at_its_identity_path_bitwise_and_is_all_that_trains():
+    """ResBM's design: with k = d and the identity init, a model with branches is the model itself until they train
+    (their output layers start at zero, their first layers come from generators of their own, so every other weight
+    is the same); the maps stay fixed, and one step moves the branches alone."""
+    ids = torch.randint(0, 256, (2, 12))
+    torch.manual_seed(0)
+    plain = GPT(CFG)
+    torch.manual_seed(0)
+    same = GPT(bottlenecked(64, bottleneck_residual=32), bases={1: fixed_basis(64, 64, "identity", 0)})
+    assert torch.equal(plain(ids), same(ids))
+    enc, dec = same.layers[2].encoder, same.layers[3].decoder  # block 1's encoder, block 2's decoder (embedding first)
+    assert enc.branch.inner.shape == (32, 64) and enc.branch.outer.shape == (64, 32) and dec.branch.inner.shape == (32, 64)
+    assert not enc.branch.outer.any() and not torch.equal(enc.branch.inner, dec.branch.inner)  # seeded apart
+    trained = [n for n, p in same.named_parameters() if p.requires_grad and "coder." in n]
+    assert sorted(trained) == sorted(f"layers.{i}.{c}.branch.{w}" for i, c in ((2, "encoder"), (3, "decoder"))
+                                     for w in ("norm.weight", "inner", "outer"))
+    maps = [enc.weight.clone(), dec.weight.clone()]
+    opt = torch.optim.SGD([p for p in same.parameters() if p.requires_grad], lr=0.1)
+    lm_loss(same(ids), ids).backward()
+    opt.step()
+    assert enc.branch.outer.any() and dec.branch.outer.any()  # the branches train ...
+    assert torch.equal(enc.weight, maps[0]) and torch.equal(dec.weight, maps[1])  # ... the identity path does not
+    assert not torch.equal(plain(ids), same(ids))
+
+
+def test_a_branch_adds_its_own_output_to_the_map_and_a_frozen_one_is_refused():
+    basis = fixed_basis(32, 8, "random", 3)
+    branch = Branch(32, 8, 16, 0.02, 5)
+    with torch.no_grad():
+        branch.outer.normal_()
+    enc, plain = Encoder(32, 8, 0, 1, basis, True, branch=branch), Encoder(32, 8, 0, 1, basis, True)
+    h = torch.randn(2, 5, 32)
+    assert torch.allclose(enc(h)[0], plain(h)[0] + branch(h), atol=1e-6)
+    with pytest.raises(ValueError, match="trainable=False would train nothing"):
+        Decoder(32, 8, 1, basis, False, branch=Branch(8, 32, 16, 0.02, 5))
+    with pytest.raises(ValueError, match="bottleneck_residual=4 with bottleneck=8, bottleneck_trainable=False; "
+                                         "accepted: 0, or a width >= 1 with a trainable bottleneck"):
+        bottlenecked(8, bottleneck_residual=4, bottleneck_trainable=False)
+    with pytest.raises(ValueError, match="bottleneck_residual=-1"):
+        bottlenecked(8, bottleneck_residual=-1)
 
 
 def test_the_config_survives_the_run_record():

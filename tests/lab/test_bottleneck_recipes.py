@@ -95,6 +95,47 @@ def test_from_scratch_a_seeded_random_token_table_crosses_with_the_ids_in_both_e
     assert rc != 0 and "--bottleneck-tokens with --bottleneck-init identity" in log
 
 
+def test_a_residual_branch_trains_beside_a_fixed_identity_path_resumes_and_runs_in_both_engines(tmp_path):
+    """--bottleneck-residual R (ResBM's design): the same code crosses as without it (equal bytes), and the run starts
+    where the plain bottleneck does (the branches start at zero); the checkpoint holds the branches, trained, beside
+    the maps still at their seeded init; a run resumed from step 2 ends where the whole run does; the torch engine
+    carries it too."""
+    import torch
+
+    from pp_lab.bottleneck import fixed_basis
+
+    common = [*TINY, "--steps", "4", "--save-every", "2", "--eval-every", "2", "--bottleneck", str(K),
+              "--pp-compress", "int8,min_numel=0"]
+    ok(*run_job(PRETRAIN, 2, *common, "--out", str(tmp_path / "plain")))
+    ok(*run_job(PRETRAIN, 2, *common, "--bottleneck-residual", "8", "--out", str(tmp_path / "res")))
+    plain, res = rows(tmp_path / "plain", "train"), rows(tmp_path / "res", "train")
+    assert [r["act_raw_bytes"] for r in res] == [r["act_raw_bytes"] for r in plain]
+    assert [r["grad_raw_bytes"] for r in res] == [r["grad_raw_bytes"] for r in plain]
+    assert res[0]["loss"] == plain[0]["loss"] and res[-1]["loss"] != plain[-1]["loss"]
+    model = json.loads((tmp_path / "res" / "run.json").read_text())["model"]
+    assert model["bottleneck_residual"] == 8
+    state = {n: t for f in sorted((tmp_path / "res" / "ckpt" / "global_step4").glob("layer_*-model_states.pt"))
+             for n, t in torch.load(f, weights_only=True).items() if "coder." in n}
+    init = fixed_basis(D, K, "random", model["subspace_seed"] + 1)  # cut 1's seeded basis
+    assert torch.equal(state["encoder.weight"], init.enc) and torch.equal(state["decoder.weight"], init.dec)
+    assert state["encoder.branch.outer"].shape == (K, 8) and state["encoder.branch.outer"].any()
+    assert state["decoder.branch.outer"].shape == (D, 8) and state["decoder.branch.outer"].any()
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "res", resumed, ignore=shutil.ignore_patterns("global_step4", "metrics.*"))
+    (resumed / "ckpt" / "latest").write_text("global_step2")
+    ok(*run_job(PRETRAIN, 2, *common, "--bottleneck-residual", "8", "--out", str(resumed), "--resume"))
+    assert rows(resumed, "train")[-1]["loss"] == res[-1]["loss"]
+    assert rows(resumed, "eval")[-1]["val_loss"] == rows(tmp_path / "res", "eval")[-1]["val_loss"]
+    ok(*run_job(PRETRAIN, 2, *TINY, "--steps", "2", "--eval-every", "2", "--untied", "--engine", "torch",
+                "--bottleneck", str(K), "--bottleneck-residual", "8", "--pp-compress", "int8,min_numel=0",
+                "--out", str(tmp_path / "torch")))
+    stats = json.loads((tmp_path / "torch" / "summary.json").read_text())["stats"]
+    assert stats["b0.grad"]["raw_bytes"] == 2 * 2 * (B * T * K + B * D) * 4
+    rc, log = run_job(PRETRAIN, 2, *common, "--bottleneck-residual", "8", "--bottleneck-frozen",
+                      "--out", str(tmp_path / "frozen"))
+    assert rc != 0 and "--bottleneck-residual 8 with --bottleneck-frozen; accepted: 0, or a width >= 1" in log
+
+
 def test_the_pca_blend_and_fisher_inits_start_a_pretrained_model_close_to_itself(tmp_path):
     """The init flags reach the engine's calibration: k = d from pca is the pretrained model itself, and each init
     at k < d starts somewhere of its own. (The bases' own properties, fisher's oblique identity at k = d included,
