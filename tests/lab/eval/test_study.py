@@ -136,10 +136,11 @@ def test_the_from_scratch_bottleneck_rows_train_the_small_gpt_with_a_random_init
         assert ("--bottleneck-tokens" in args) == ("-tokens-" in name)
         assert ("--bottleneck-frozen" in args) == ("-frozen-" in name)
         assert _flag(args, "--bottleneck-lr-scale") == ("0.1" if "-lr01-" in name else None)
+        assert _flag(args, "--bottleneck-residual") == ("192" if "-res-" in name else None)
         sink0 = "-sink0-" in name  # no token in full; else the first one, through the codec as the code
         assert (_flag(args, "--bottleneck-sink") == "0") == sink0 and spec.endswith(",min_numel=0") != sink0
     assert study.job("bn48-sink0-int8", "long")[3] == study.LONG["subspace48-int8"] == "int8"  # its control's codec
-    assert "bn48-tokens-sink0-int8" in rows and "bn12-vq4" in rows
+    assert "bn48-tokens-sink0-int8" in rows and "bn12-vq4" in rows and "bn96-res-vq4" in rows
     alone, runs = study.PROTOCOLS["long-bottleneck"]
     assert alone == rows and runs == study.PROTOCOLS["long"][1]
     assert all(study.job(n, "long-bottleneck") == study.job(n, "long") for n in rows)
