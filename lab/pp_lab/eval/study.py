@@ -156,13 +156,13 @@ LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # was far behind the baseline, so then the bottleneck `frozen` at its random orthonormal init (a fixed low-rank
 # identity path; ResBM preserves one beside its trained encoder-decoder) at d/4 through int8, d/2 through vq and d/16
 # through vq (near ResBM's 128x). Then the trainable d/4 with no codec; d/2 through vq with the maps learning at a
-# tenth of the body's rate (`lr01`: between frozen and trained); d/8 through int8 and d/16 through vq. Then ResBM's
-# whole design (`res`): the frozen identity path with a trained residual branch of width d beside each map, at d/4
-# through int8 and d/2 through vq, frozen's two best cells.
+# tenth of the body's rate (`lr01`: between frozen and trained); d/8 through int8. Then ResBM's whole design (`res`):
+# the frozen identity path with a trained residual branch of width d beside each map, at d/2 through vq and d/4
+# through int8, frozen's two best cells; then d/16 through vq, trained.
 LONG_BOTTLENECK = [(48, "int8", "tokens-sink0"), (48, "int8", "sink0"), (48, "int8", ""), (96, "vq4", ""),
                    (192, "none", ""), (48, "int8", "frozen"), (96, "vq4", "frozen"), (12, "vq4", "frozen"),
-                   (48, "none", ""), (96, "vq4", "lr01"), (24, "int8", ""), (12, "vq4", ""), (96, "vq4", "res"),
-                   (48, "int8", "res")]
+                   (48, "none", ""), (96, "vq4", "lr01"), (24, "int8", ""), (96, "vq4", "res"), (48, "int8", "res"),
+                   (12, "vq4", "")]
 for _k, _codec, _variant in LONG_BOTTLENECK:
     _name, _parts = f"bn{_k}{'-' + _variant if _variant else ''}-{_codec}", _variant.split("-")
     LONG[_name] = {"none": "none", "int8": "int8", "vq4": "act=vq:4,grad=vq:3"}[_codec] \
