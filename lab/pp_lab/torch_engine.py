@@ -53,7 +53,7 @@ def check(args: argparse.Namespace) -> None:
                          "stage, which this loop does not do; add --untied")
     bad = [f for f, on in (("--dualpipev", args.dualpipev), ("--tp", args.tp > 1),
                            ("--subspace", getattr(args, "subspace", None) is not None), ("--bf16", args.bf16),
-                           ("--sbh", args.sbh)) if on]
+                           ("--sbh", args.sbh), ("--optimizer muon", args.optimizer == "muon")) if on]
     if bad:
         raise SystemExit(f"--engine torch does not support {', '.join(bad)}; use --engine deepspeed for them")
 

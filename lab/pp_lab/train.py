@@ -55,7 +55,13 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--lr", type=float, default=lr)
     ap.add_argument("--warmup", type=int, default=None, help="LR warm-up steps (default 5%% of --steps)")
-    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--weight-decay", type=float, default=0.1,
+                    help="AdamW's decoupled weight decay (per step, lr x this); with --optimizer muon, the decay per "
+                         "step the matrices get")
+    ap.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
+                    help="muon: DeepSpeed's Muon for the blocks' matrices (orthogonalised momentum at --muon-lr), AdamW "
+                         "at --lr for the embedding, norms and biases (the DeepSpeed engine only)")
+    ap.add_argument("--muon-lr", type=float, default=0.02, help="the Muon matrices' learning rate (--optimizer muon)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bf16", action="store_true", help="bf16 weights/activations (what crosses the wire too)")
     ap.add_argument("--out", type=Path, required=True, help="run directory: metrics, checkpoints, summary")
@@ -164,11 +170,19 @@ def warn_if_slow_bf16(bf16: bool, cpuinfo: str | None = None) -> None:
                       "than fp32 here (57x measured on an AMD EPYC); drop --bf16 on this machine", RuntimeWarning, stacklevel=2)
 
 
-def param_groups(module: nn.Module, lr: float, bottleneck_scale: float) -> list[dict[str, Any]]:
+def param_groups(module: nn.Module, lr: float, bottleneck_scale: float,
+                 optimizer: str = "adamw") -> list[dict[str, Any]]:
     """The optimizer's parameter groups: the trainable parameters at `lr`, the bottleneck's encoders and decoders at
-    lr x bottleneck_scale (a group only where it has parameters)."""
+    lr x bottleneck_scale (a group only where it has parameters). With Muon, one group that sets no rate: DeepSpeed
+    splits it into Muon's half and AdamW's, each at its own rate from the config, which a group's rate would
+    override."""
     if not bottleneck_scale > 0:
         raise SystemExit(f"--bottleneck-lr-scale {bottleneck_scale}; accepted: a number > 0")
+    if optimizer == "muon":
+        if bottleneck_scale != 1.0:
+            raise SystemExit(f"--bottleneck-lr-scale {bottleneck_scale} with --optimizer muon; accepted: 1 (Muon's "
+                             "matrices and AdamW's rest each take their rate from --muon-lr and --lr)")
+        return [{"params": [p for p in module.parameters() if p.requires_grad]}]
     inner = {id(p) for m in module.modules() if isinstance(m, (Encoder, Decoder)) for p in m.parameters()}
     trainable = [p for p in module.parameters() if p.requires_grad]
     groups = [{"params": [p for p in trainable if id(p) not in inner], "lr": lr},
@@ -310,6 +324,15 @@ def ds_config(args: argparse.Namespace, dp: int) -> dict[str, Any]:
     warn_if_slow_bf16(bool(args.bf16))
     cfg["optimizer"] = {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": args.weight_decay,
                                                     "betas": [0.9, 0.95], "torch_adam": True}}
+    if args.optimizer == "muon":
+        if not args.muon_lr > 0:
+            raise SystemExit(f"--muon-lr {args.muon_lr}; accepted: a number > 0")
+        # DeepSpeed shares one weight decay between Muon's half and AdamW's, and decoupled decay per step is lr x wd:
+        # scaled so that the matrices, most of the weights, decay per step as they do under AdamW at --lr (the
+        # embedding and norms then decay lr / muon_lr as much)
+        cfg["optimizer"] = {"type": "Muon", "params": {"lr": args.lr, "adam_lr": args.lr, "muon_lr": args.muon_lr,
+                                                       "weight_decay": args.weight_decay * args.lr / args.muon_lr,
+                                                       "betas": [0.9, 0.95], "momentum": 0.95, "torch_adam": True}}
     cfg["scheduler"] = {"type": "WarmupCosineLR", "params": {"total_num_steps": args.steps, "warmup_num_steps": warmup,
                                                              "warmup_min_ratio": 0.0, "cos_min_ratio": 0.1}}
     cfg.setdefault("gradient_clipping", 1.0)
@@ -503,7 +526,7 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
             print("pp_compress: the model sends [seq, batch, hidden], so batch_dim=1", file=sys.stderr)
         compression = dataclasses.replace(compression, batch_dim=1)
     engine, *_ = ppd.initialize(model=module, config=config, compression=compression,
-                                model_parameters=param_groups(module, args.lr, args.bottleneck_lr_scale))
+                                model_parameters=param_groups(module, args.lr, args.bottleneck_lr_scale, args.optimizer))
     ckpt = args.out / "ckpt"
     if args.resume:
         path, _ = engine.load_checkpoint(str(ckpt))

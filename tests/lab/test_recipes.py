@@ -222,3 +222,35 @@ def test_auto_decides_every_boundary_in_both_engines(tmp_path, engine):
         assert f"step 1: pp_compress auto: boundary {b} {direction}: link" in log, (b, direction)
     losses = [r["loss"] for r in rows(tmp_path / engine, "train")]
     assert len(losses) == 6 and all(math.isfinite(v) for v in losses)
+
+
+def test_muon_trains_the_blocks_matrices_and_resumes_exactly(tmp_path):
+    """`--optimizer muon`: DeepSpeed's Muon takes the blocks' matrices at --muon-lr and AdamW the embedding, norms and
+    biases at --lr, with the weight decay scaled so that the matrices decay per step as under AdamW; the schedule
+    scales both rates alike; a run resumed from its step-2 checkpoint ends where the whole run does. The torch engine
+    and a bottleneck rate of its own refuse it by name."""
+    import torch
+
+    common = [*TINY, "--steps", "4", "--save-every", "2", "--eval-every", "2", "--pp-compress", "int8,min_numel=0",
+              "--optimizer", "muon", "--muon-lr", "0.02", "--lr", "1e-3", "--weight-decay", "0.1"]
+    ok(*run_job(ROOT / "recipes/pretrain.py", 2, *common, "--out", str(tmp_path / "whole")))
+    adamw = tmp_path / "adamw"
+    ok(*run_job(ROOT / "recipes/pretrain.py", 2, *[a for a in common if a not in ("--optimizer", "muon")],
+                "--out", str(adamw)))
+    whole = rows(tmp_path / "whole", "train")
+    assert whole[0]["loss"] == rows(adamw, "train")[0]["loss"] and whole[-1]["loss"] != rows(adamw, "train")[-1]["loss"]
+    state = torch.load(tmp_path / "whole/ckpt/global_step4/mp_rank_00_model_states.pt", weights_only=False)
+    groups = {g["use_muon"]: g for g in state["optimizer"]["param_groups"]}
+    ratio = groups[True]["lr"] / groups[False]["lr"]  # the schedule's factor is the same for both
+    assert ratio == pytest.approx(20) and groups[True]["weight_decay"] == pytest.approx(0.1 * 1e-3 / 0.02)
+    assert len(groups[True]["params"]) > 0 and len(groups[False]["params"]) > 0
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "whole", resumed, ignore=shutil.ignore_patterns("global_step4", "metrics.*"))
+    (resumed / "ckpt" / "latest").write_text("global_step2")
+    ok(*run_job(ROOT / "recipes/pretrain.py", 2, *common, "--resume", "--out", str(resumed)))
+    assert rows(resumed, "train")[-1]["loss"] == whole[-1]["loss"]
+    for extra, message in ((["--untied", "--engine", "torch"], "--engine torch does not support --optimizer muon"),
+                           (["--bottleneck", "16", "--bottleneck-lr-scale", "10"],
+                            "--bottleneck-lr-scale 10.0 with --optimizer muon; accepted: 1")):
+        rc, log = run_job(ROOT / "recipes/pretrain.py", 2, *common, *extra, "--out", str(tmp_path / "bad"))
+        assert rc != 0 and message in log, log[-2000:]
