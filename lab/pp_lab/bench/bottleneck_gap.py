@@ -11,7 +11,8 @@ the gap at step 0 that training closed by the end.
 
 The long protocol (the small GPT from scratch): every committed bottleneck row (`bn*`) and subspace model
 (`subspace*`, the fixed-basis control) at steps 50, 100, 300, 600 and 1000; there is no pretrained start to close a
-gap from.
+gap from. Where the Muon baseline (`muon-base`) is committed, a second table gives the rows trained with Muon
+(`*-muon-*`) against it, the gap that counts for them.
 """
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def table(base: dict[int, float], rows: dict[str, dict[int, float]], steps: tupl
 def long_rows(results: Path) -> tuple[dict[int, float], dict[str, dict[int, float]], str]:
     """The long protocol's baseline, its bottleneck and subspace rows of the baseline's length, and their caption."""
     base = evals(results / "base" / "metrics.jsonl")
-    rows = {p.parent.name: evals(p) for pattern in ("bn*", "subspace*") for p in results.glob(f"{pattern}/metrics.jsonl")}
+    rows = {p.parent.name: evals(p) for pattern in ("bn*", "subspace*", "muon-base")
+            for p in results.glob(f"{pattern}/metrics.jsonl")}
     rows = {name: ev for name, ev in rows.items() if ev and max(ev) == max(base)}
     if not rows:
         raise SystemExit(f"{results}: no bottleneck or subspace row of {max(base)} steps")
@@ -94,7 +96,12 @@ def main() -> None:
 def long_table(results: Path) -> list[str]:
     """The long protocol's caption and table (nothing is evaluated: there is no pretrained start)."""
     base, rows, caption = long_rows(results)
-    return [caption, "", *table(base, rows, LONG_STEPS)]
+    out = [caption, "", *table(base, rows, LONG_STEPS)]
+    muon = {name: ev for name, ev in rows.items() if "-muon-" in name}
+    if "muon-base" in rows and muon:
+        out += ["", f"Against the Muon baseline (`{results.relative_to(ROOT)}/muon-base`, the same command with "
+                "`--optimizer muon`), the rows trained with Muon:", "", *table(rows["muon-base"], muon, LONG_STEPS)]
+    return out
 
 
 def smollm2_table(results: Path, out: Path) -> list[str]:

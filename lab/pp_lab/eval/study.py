@@ -158,11 +158,13 @@ LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # through vq (near ResBM's 128x). Then the trainable d/4 with no codec; d/2 through vq with the maps learning at a
 # tenth of the body's rate (`lr01`: between frozen and trained); d/8 through int8. Then ResBM's whole design (`res`):
 # the frozen identity path with a trained residual branch of width d beside each map, at d/2 through vq and d/4
-# through int8, frozen's two best cells; then d/16 through vq, trained.
+# through int8, frozen's two best cells. Then the optimizer ResBM reports its best results with: DeepSpeed's Muon for
+# the blocks' matrices (`muon`), its baseline first (`muon-base`, no bottleneck: the gap that counts is to it), then
+# d/2 through vq frozen and trained. Then d/16 through vq, trained.
 LONG_BOTTLENECK = [(48, "int8", "tokens-sink0"), (48, "int8", "sink0"), (48, "int8", ""), (96, "vq4", ""),
                    (192, "none", ""), (48, "int8", "frozen"), (96, "vq4", "frozen"), (12, "vq4", "frozen"),
                    (48, "none", ""), (96, "vq4", "lr01"), (24, "int8", ""), (96, "vq4", "res"), (48, "int8", "res"),
-                   (12, "vq4", "")]
+                   (96, "vq4", "frozen-muon"), (96, "vq4", "muon"), (12, "vq4", "")]
 for _k, _codec, _variant in LONG_BOTTLENECK:
     _name, _parts = f"bn{_k}{'-' + _variant if _variant else ''}-{_codec}", _variant.split("-")
     LONG[_name] = {"none": "none", "int8": "int8", "vq4": "act=vq:4,grad=vq:3"}[_codec] \
@@ -172,7 +174,11 @@ for _k, _codec, _variant in LONG_BOTTLENECK:
                     *(["--bottleneck-frozen"] if "frozen" in _parts else []),
                     *(["--bottleneck-lr-scale", "0.1"] if "lr01" in _parts else []),
                     *(["--bottleneck-residual", "192"] if "res" in _parts else []),
+                    *(["--optimizer", "muon"] if "muon" in _parts else []),
                     *(["--bottleneck-tokens"] if "tokens" in _parts else [])]
+LONG["muon-base"], EXTRA["muon-base"] = "none", ["--optimizer", "muon"]
+BOTTLENECK_LONG_ORDER = [f"bn{k}{'-' + v if v else ''}-{codec}" for k, codec, v in LONG_BOTTLENECK]
+BOTTLENECK_LONG_ORDER.insert(BOTTLENECK_LONG_ORDER.index("bn96-frozen-muon-vq4"), "muon-base")
 # The real-model testbed (issue 24): continued pretraining of SmolLM2-135M-Instruct (LLaMA architecture, 30 blocks,
 # outlier channels and an attention sink from the middle layers on; `make models`) on Jane Austen's novels, 5% of every
 # file held out. 4 pipeline stages as DeepSpeed balances them: cuts after blocks 8, 16 and 23, so one run compresses an
@@ -286,7 +292,7 @@ LONG_ORDER = ["base", "base-seed1", "int8", "act-int4_grad-int3stoch", "subspace
               "act-topk0.3row-int8+ef_grad-int8", "act-lowrank8+ef21_grad-int8", "act-nf40_grad-nf5stoch", "topk0.1", "topk0.1+ef",
               "topk0.1+ef21", "act-topk0.1", "grad-topk0.1", "topk0.2", "topk0.3", "topk0.1+aqsgd", "act-nf4_grad-nf3stoch",
               "act-int4_grad-int4stoch", "act-int3rot_grad-int4stoch", "subspace48", "int8rot", "act-vq4_grad-vq3",
-              *(f"bn{k}{'-' + v if v else ''}-{codec}" for k, codec, v in LONG_BOTTLENECK)]
+              *BOTTLENECK_LONG_ORDER]
 assert sorted(LONG_ORDER) == sorted([*LONG, *FT_EPOCHS]), "every long setting runs exactly once"
 # Is `auto` (issue 46) at parity? Its runs train over emulated links (benchmarks/throttle.py: a sender sleeps for a
 # message's time on its link) so that it has choices to make: boundary 0 unlimited, boundary 2 at 25 Mbit/s, and
@@ -305,7 +311,7 @@ _SM_ORDER.insert(_SM_ORDER.index("sm-bn288-lr10-vq4") + 1, "sm-auto-mixed")  # a
 PROTOCOLS = {"short": (list(SETTINGS), ROOT / "runs" / "study"),
              "long": ([*LONG_ORDER, *AUTO_LONG], ROOT / "runs" / "study_long"),
              # the long protocol's from-scratch bottleneck rows alone, where the long study's runs go
-             "long-bottleneck": ([n for n in LONG_ORDER if n.startswith("bn")], ROOT / "runs" / "study_long"),
+             "long-bottleneck": (BOTTLENECK_LONG_ORDER, ROOT / "runs" / "study_long"),
              "smollm2": (_SM_ORDER, ROOT / "runs" / "study_smollm2")}
 
 

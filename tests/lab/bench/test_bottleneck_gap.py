@@ -56,3 +56,21 @@ def test_the_long_protocol_compares_bottleneck_and_subspace_rows_from_scratch(tm
     assert "| subspace48-int8 | +0.100 |  | +0.100 |  | +0.100 |" in md
     assert "bn12-vq4" not in md and "| int8 " not in md and "share" not in md
     assert not out.with_suffix(".start.jsonl").exists()  # nothing is evaluated from scratch
+    assert "Muon" not in md  # no Muon baseline committed: no second table
+
+
+def test_the_long_protocols_muon_rows_are_measured_against_the_muon_baseline_too(tmp_path, monkeypatch):
+    results, out = tmp_path / "long", tmp_path / "gap_long"
+    steps = (50, 100, 300, 600, 1000)
+    write(results / "base" / "metrics.jsonl", dict(zip(steps, (6.0, 5.5, 5.0, 4.7, 4.5))))
+    write(results / "muon-base" / "metrics.jsonl", dict(zip(steps, (5.9, 5.4, 4.9, 4.6, 4.4))))
+    write(results / "bn96-muon-vq4" / "metrics.jsonl", dict(zip(steps, (6.0, 5.6, 5.0, 4.7, 4.5))))
+    write(results / "bn96-vq4" / "metrics.jsonl", dict(zip(steps, (6.1, 5.6, 5.1, 4.8, 4.6))))
+    monkeypatch.setattr(sys, "argv", ["x", "--protocol", "long", "--out", str(out), "--results", str(results)])
+    monkeypatch.setattr(bottleneck_gap, "ROOT", tmp_path)
+    bottleneck_gap.main()
+    first, muon = out.with_suffix(".md").read_text().split("Against the Muon baseline")
+    assert "| muon-base | -0.100 | -0.100 | -0.100 | -0.100 | -0.100 |" in first  # Muon's own gain over AdamW
+    assert "| bn96-muon-vq4 | +0.000 | +0.100 | +0.000 | +0.000 | +0.000 |" in first
+    assert "| bn96-muon-vq4 | +0.100 | +0.200 | +0.100 | +0.100 | +0.100 |" in muon
+    assert "bn96-vq4 " not in muon and "muon-base |" not in muon

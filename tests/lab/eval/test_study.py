@@ -126,6 +126,8 @@ def test_the_from_scratch_bottleneck_rows_train_the_small_gpt_with_a_random_init
     order, _ = study.PROTOCOLS["long"]
     rows = [n for n in order if n.startswith("bn")]
     assert len(rows) == len(set(rows)) == len(study.LONG_BOTTLENECK) > 0
+    muon = study.job("muon-base", "long")  # Muon's own baseline: no bottleneck, no codec
+    assert muon[3] == "none" and _flag(muon[2], "--optimizer") == "muon" and _flag(muon[2], "--bottleneck") is None
     for name in rows:
         recipe, nproc, args, spec = study.job(name, "long")
         assert recipe == "pretrain.py" and nproc == 4 and spec == study.LONG[name]
@@ -137,10 +139,12 @@ def test_the_from_scratch_bottleneck_rows_train_the_small_gpt_with_a_random_init
         assert ("--bottleneck-frozen" in args) == ("-frozen-" in name)
         assert _flag(args, "--bottleneck-lr-scale") == ("0.1" if "-lr01-" in name else None)
         assert _flag(args, "--bottleneck-residual") == ("192" if "-res-" in name else None)
+        assert _flag(args, "--optimizer") == ("muon" if "-muon-" in name else None)
         sink0 = "-sink0-" in name  # no token in full; else the first one, through the codec as the code
         assert (_flag(args, "--bottleneck-sink") == "0") == sink0 and spec.endswith(",min_numel=0") != sink0
     assert study.job("bn48-sink0-int8", "long")[3] == study.LONG["subspace48-int8"] == "int8"  # its control's codec
     assert "bn48-tokens-sink0-int8" in rows and "bn12-vq4" in rows and "bn96-res-vq4" in rows
     alone, runs = study.PROTOCOLS["long-bottleneck"]
-    assert alone == rows and runs == study.PROTOCOLS["long"][1]
+    assert [n for n in alone if n != "muon-base"] == rows and runs == study.PROTOCOLS["long"][1]
+    assert alone.index("muon-base") < alone.index("bn96-frozen-muon-vq4")  # the baseline its rows are measured by
     assert all(study.job(n, "long-bottleneck") == study.job(n, "long") for n in rows)
