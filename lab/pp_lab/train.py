@@ -56,8 +56,8 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
     ap.add_argument("--lr", type=float, default=lr)
     ap.add_argument("--warmup", type=int, default=None, help="LR warm-up steps (default 5%% of --steps)")
     ap.add_argument("--weight-decay", type=float, default=0.1,
-                    help="AdamW's decoupled weight decay (per step, lr x this); with --optimizer muon, the decay per "
-                         "step the matrices get")
+                    help="AdamW's decoupled weight decay (per step, lr x this); with --optimizer muon, scaled so that "
+                         "the matrices decay per step as they would under AdamW at --lr")
     ap.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
                     help="muon: DeepSpeed's Muon for the blocks' matrices (orthogonalised momentum at --muon-lr), AdamW "
                          "at --lr for the embedding, norms and biases (the DeepSpeed engine only)")
