@@ -24,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pp_lab.eval.frontier import tolerance
 from pp_lab.eval.study import SM_COMMON
 from pp_lab.launch import run_job
 from pp_lab.paths import RESULTS, ROOT
@@ -68,7 +69,7 @@ def table(base: dict[int, float], rows: dict[str, dict[int, float]], steps: tupl
 def long_rows(results: Path) -> tuple[dict[int, float], dict[str, dict[int, float]], str]:
     """The long protocol's baseline, its bottleneck and subspace rows of the baseline's length, and their caption."""
     base = evals(results / "base" / "metrics.jsonl")
-    rows = {p.parent.name: evals(p) for pattern in ("bn*", "subspace*", "muon-base")
+    rows = {p.parent.name: evals(p) for pattern in ("bn*", "subspace*", "muon-base*")
             for p in results.glob(f"{pattern}/metrics.jsonl")}
     rows = {name: ev for name, ev in rows.items() if ev and max(ev) == max(base)}
     if not rows:
@@ -99,8 +100,13 @@ def long_table(results: Path) -> list[str]:
     out = [caption, "", *table(base, rows, LONG_STEPS)]
     muon = {name: ev for name, ev in rows.items() if "-muon-" in name}
     if "muon-base" in rows and muon:
+        final = max(base)
+        seed = rows.get("muon-base-seed1", {}).get(final)
+        tol = "" if seed is None else (f" Its tolerance is {tolerance(abs(seed - rows['muon-base'][final])):.3f} "
+                                       "(twice its seed-to-seed gap, `muon-base-seed1`, and at least the frontier's "
+                                       "minimum, as the loss rule's).")
         out += ["", f"Against the Muon baseline (`{results.relative_to(ROOT)}/muon-base`, the same command with "
-                "`--optimizer muon`), the rows trained with Muon:", "", *table(rows["muon-base"], muon, LONG_STEPS)]
+                f"`--optimizer muon`), the rows trained with Muon.{tol}", "", *table(rows["muon-base"], muon, LONG_STEPS)]
     return out
 
 

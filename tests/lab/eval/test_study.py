@@ -126,8 +126,10 @@ def test_the_from_scratch_bottleneck_rows_train_the_small_gpt_with_a_random_init
     order, _ = study.PROTOCOLS["long"]
     rows = [n for n in order if n.startswith("bn")]
     assert len(rows) == len(set(rows)) == len(study.LONG_BOTTLENECK) > 0
-    muon = study.job("muon-base", "long")  # Muon's own baseline: no bottleneck, no codec
-    assert muon[3] == "none" and _flag(muon[2], "--optimizer") == "muon" and _flag(muon[2], "--bottleneck") is None
+    for name, seed in (("muon-base", "0"), ("muon-base-seed1", "1")):  # Muon's own baseline and its second seed
+        muon = study.job(name, "long")
+        assert muon[3] == "none" and _flag(muon[2], "--optimizer") == "muon" and _flag(muon[2], "--bottleneck") is None
+        assert _flag(muon[2], "--seed") == seed
     for name in rows:
         recipe, nproc, args, spec = study.job(name, "long")
         assert recipe == "pretrain.py" and nproc == 4 and spec == study.LONG[name]
@@ -145,6 +147,6 @@ def test_the_from_scratch_bottleneck_rows_train_the_small_gpt_with_a_random_init
     assert study.job("bn48-sink0-int8", "long")[3] == study.LONG["subspace48-int8"] == "int8"  # its control's codec
     assert "bn48-tokens-sink0-int8" in rows and "bn12-vq4" in rows and "bn96-res-vq4" in rows
     alone, runs = study.PROTOCOLS["long-bottleneck"]
-    assert [n for n in alone if n != "muon-base"] == rows and runs == study.PROTOCOLS["long"][1]
+    assert [n for n in alone if not n.startswith("muon-base")] == rows and runs == study.PROTOCOLS["long"][1]
     assert alone.index("muon-base") < alone.index("bn96-frozen-muon-vq4")  # the baseline its rows are measured by
     assert all(study.job(n, "long-bottleneck") == study.job(n, "long") for n in rows)
