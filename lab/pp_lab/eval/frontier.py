@@ -162,6 +162,9 @@ class Testbed:
     e2e: tuple[str, ...] = ()
     """Its step times per link: benchmarks/e2e.py's CSVs under results/bench/ (a setting uses the first that
     measured it: later files hold settings added later)."""
+    optimizers: tuple[tuple[str, str, str], ...] = ()
+    """(optimizer, its uncompressed run, that run with another seed) for the runs trained with another optimizer than
+    the baseline's (`--optimizer`): they are judged against their own optimizer's baseline and noise floor."""
 
     def e2e_paths(self) -> list[Path]:
         return [ROOT / "results" / "bench" / f"{name}.csv" for name in self.e2e]
@@ -171,7 +174,8 @@ TESTBEDS = {"long": Testbed("small GPT", LONG, "base", "base-seed1", "long",
                             # parity_int8rot, parity_vq: against a baseline re-trained from the same command (4.528
                             # vs 4.530)
                             ("parity.json", "parity_int8rot.json", "parity_vq.json"),
-                            e2e=("e2e_frontier", "e2e_frontier_more", "e2e_frontier_nf")),
+                            e2e=("e2e_frontier", "e2e_frontier_more", "e2e_frontier_nf"),
+                            optimizers=(("muon", "muon-base", "muon-base-seed1"),)),
             # lm-eval on the trained checkpoints served uncompressed: what training with compression did to the model
             # (the loss rule already validates through the run's own compression); all documents of the tasks that
             # 40 could not decide, 40 of the others
@@ -186,29 +190,37 @@ def frontier(runs: dict[str, dict[str, Any]], e2e: list[dict[str, dict[str, dict
     """One row per run. `e2e` holds one or more e2e runs (link -> key -> row); a setting takes its step times from the
     first one that measured it. Bits per element are against the dense fp32 tensors the studies train with; the same
     codes and scales replace bf16 values in a bf16 run, so `x_bf16` is 16 / bits."""
-    base = runs[testbed.base]
-    target = base["final"]
+    dense = runs[testbed.base]  # the bits are against its tensors, whatever the optimizer
     elem_bits = 32  # the study trains in fp32
-    floor = abs(runs[testbed.seed1]["final"] - target) if testbed.seed1 in runs else None
-    tol = tolerance(floor)
-    base_steps = steps_to_target(base["evals"], target)
+    baselines = {"adamw": (testbed.base, testbed.seed1), **{o: (b, s) for o, b, s in testbed.optimizers}}
     out = []
     for name, r in runs.items():
         spec, options = testbed.settings[name], EXTRA.get(name, [])
+        optimizer = options[options.index("--optimizer") + 1] if "--optimizer" in options else "adamw"
+        if optimizer not in baselines:
+            raise ValueError(f"{name}: --optimizer {optimizer} has no baseline in the {testbed.model} testbed; "
+                             f"accepted: {', '.join(baselines)}")
+        base_name, seed1 = baselines[optimizer]
+        base = runs.get(base_name)
+        target = None if base is None else base["final"]
+        floor = abs(runs[seed1]["final"] - target) if base is not None and seed1 in runs else None
+        tol = tolerance(floor)
+        base_steps = None if base is None else steps_to_target(base["evals"], target)
         warmup = ppc.parse_spec(spec).warmup_steps
-        steps = steps_to_target(r["evals"], target)
+        steps = None if base is None else steps_to_target(r["evals"], target)
         links = next((t for run in e2e if (t := link_times(run, e2e_key(spec, options), steps, base_steps, warmup))), {})
-        delta = r["final"] - target
-        fwd, bwd = elem_bits * r["act_wire"] / base["act_raw"], elem_bits * r["grad_wire"] / base["grad_raw"]
+        delta = None if base is None else r["final"] - target
+        fwd, bwd = elem_bits * r["act_wire"] / dense["act_raw"], elem_bits * r["grad_wire"] / dense["grad_raw"]
         out.append({"name": name, "model": testbed.model, "spec": spec, "options": options, "seed": SEEDS.get(name, 0),
-                    "bits_fwd": fwd, "bits_bwd": bwd, "bits_avg": (fwd + bwd) / 2,
+                    "baseline": base_name, "bits_fwd": fwd, "bits_bwd": bwd, "bits_avg": (fwd + bwd) / 2,
                     "x_fp32": 64 / (fwd + bwd), "x_bf16": 32 / (fwd + bwd),
-                    "wire_ratio": (base["act_raw"] + base["grad_raw"]) / r["wire"], "final_val_loss": r["final"], "delta": delta,
-                    "noise_floor": floor, "tolerance": tol,
-                    "steps_to_target": steps, "base_step_at_this_loss": steps_to_target(base["evals"], r["final"]),
+                    "wire_ratio": (dense["act_raw"] + dense["grad_raw"]) / r["wire"], "final_val_loss": r["final"],
+                    "delta": delta, "noise_floor": floor, "tolerance": tol, "steps_to_target": steps,
+                    "base_step_at_this_loss": None if base is None else steps_to_target(base["evals"], r["final"]),
                     "links": links,
-                    "parity": {"loss_rule": loss_rule(delta, tol, r["evals"][-1][0], base["evals"][-1][0]),
-                               "lm_eval": "baseline" if name == testbed.base else verdicts.get(name)}})
+                    "parity": {"loss_rule": None if base is None else loss_rule(delta, tol, r["evals"][-1][0],
+                                                                                base["evals"][-1][0]),
+                               "lm_eval": "baseline" if name == base_name else verdicts.get(name)}})
     return out
 
 
@@ -235,6 +247,7 @@ def link_order(rows: list[dict[str, Any]]) -> list[tuple[str, float | None]]:
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """The frontier as a markdown table: bits, quality, verdicts, steps and speedup to target per link."""
     links = link_order(rows)
+    base = next(r["name"] for r in rows if r["name"] in {t.base for t in TESTBEDS.values()})
     head = ["setting", "--pp-compress", "bits/elem fwd / bwd (avg)", "wire ratio", "final val loss", "delta (tolerance)",
             "parity: loss / lm-eval", "steps to target", "baseline had this loss at step",
             *(f"speedup {k} (r={r:.1f})" if r is not None else f"speedup {k}" for k, r in links)]
@@ -242,9 +255,12 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         spec = " ".join([f"`{r['spec']}`", *r["options"]])
         floor = f" ({r['tolerance']:.3f})" if r["tolerance"] is not None else ""
+        delta = "—" if r["delta"] is None else f"{r['delta']:+.3f}{floor}"
+        if r.get("baseline", base) != base:  # judged against its own optimizer's baseline
+            delta += f" vs {r['baseline']}"
         sp = [_cell(r["links"][k], col_r) if k in r["links"] else "" for k, col_r in links]
         out.append(f"| {r['name']} | {spec} | {r['bits_fwd']:.2f} / {r['bits_bwd']:.2f} ({r['bits_avg']:.2f}) | "
-                   f"{r['wire_ratio']:.2f}x | {r['final_val_loss']:.3f} | {r['delta']:+.3f}{floor} | "
+                   f"{r['wire_ratio']:.2f}x | {r['final_val_loss']:.3f} | {delta} | "
                    f"{r['parity']['loss_rule'] or ''} / {r['parity']['lm_eval'] or 'not run'} | {_fmt_steps(r['steps_to_target'])} | "
                    f"{_fmt_steps(r['base_step_at_this_loss']) if r['base_step_at_this_loss'] is not None else '—'} |"
                    + "".join(f" {c} |" for c in sp))
@@ -337,7 +353,7 @@ def plot(rows: list[dict[str, Any]], where: Path) -> list[str]:
     tol = next((r["tolerance"] for r in rows if r["tolerance"] is not None), None)
     if tol is not None:
         ax.axhspan(-tol, tol, color="0.85", label=f"within the tolerance (2 x seed gap: +-{tol:.3f})")
-    for r in rows:
+    for r in (x for x in rows if x["delta"] is not None):  # each against its own optimizer's baseline
         ax.scatter(r["bits_avg"], r["delta"], color="C2" if r["parity"]["loss_rule"] == "parity" else "C3")
         ax.annotate(r["name"], (r["bits_avg"], r["delta"]), fontsize=6)
     ax.set(xscale="log", xlabel="bits per element on the wire (mean of forward and backward; fp32 = 32)",

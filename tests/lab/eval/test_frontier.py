@@ -96,6 +96,31 @@ def test_frontier_rows_combine_quality_and_link_times(monkeypatch):
     assert long["parity"]["loss_rule"] == "2000 steps: not comparable" and long["steps_to_target"] == 1500.0
 
 
+def test_a_run_with_another_optimizer_is_judged_against_that_optimizers_baseline(monkeypatch):
+    """A Muon run is compared with the Muon baseline and its own seed gap, not with AdamW's baseline (which it may
+    beat while falling short of its own); its bits stay against the dense tensors; without its baseline committed it
+    gets no verdict rather than AdamW's; an optimizer the testbed has no baseline for is an error."""
+    settings = {"base": "none", "base-seed1": "none", "muon-base": "none", "muon-base-seed1": "none", "bn-muon": "int8"}
+    extra = {n: ["--optimizer", "muon"] for n in ("muon-base", "muon-base-seed1", "bn-muon")}
+    monkeypatch.setattr(fr, "EXTRA", extra)
+    runs = {"base": _run([(500, 5.0), (1000, 4.0)], 4.0, 4.0), "base-seed1": _run([(500, 5.1), (1000, 4.05)], 4.0, 4.0),
+            "muon-base": _run([(500, 4.6), (1000, 3.8)], 4.0, 4.0),
+            "muon-base-seed1": _run([(500, 4.6), (1000, 3.83)], 4.0, 4.0),
+            "bn-muon": _run([(500, 4.8), (1000, 3.9)], 1.0, 1.0)}  # below AdamW's baseline, above Muon's
+    bed = fr.Testbed("small GPT", settings, "base", "base-seed1", "long", optimizers=(("muon", "muon-base", "muon-base-seed1"),))
+    rows = {r["name"]: r for r in fr.frontier(runs, [], {}, bed)}
+    bn = rows["bn-muon"]
+    assert bn["baseline"] == "muon-base" and bn["delta"] == pytest.approx(0.1) and bn["tolerance"] == pytest.approx(0.06)
+    assert bn["parity"]["loss_rule"] == "worse" and bn["bits_avg"] == 8.0
+    assert rows["muon-base"]["parity"] == {"loss_rule": "parity", "lm_eval": "baseline"} and rows["base"]["baseline"] == "base"
+    assert "+0.100 (0.060) vs muon-base" in "\n".join(fr.table(list(rows.values())))
+    alone = fr.frontier({n: r for n, r in runs.items() if not n.startswith("muon-base")}, [], {}, bed)
+    assert [(r["delta"], r["parity"]["loss_rule"]) for r in alone if r["name"] == "bn-muon"] == [(None, None)]
+    monkeypatch.setattr(fr, "EXTRA", {**extra, "bn-muon": ["--optimizer", "lion"]})
+    with pytest.raises(ValueError, match="bn-muon: --optimizer lion has no baseline in the small GPT testbed; accepted: adamw, muon"):
+        fr.frontier(runs, [], {}, bed)
+
+
 def test_headline_is_the_fewest_bits_at_parity_on_both_rules(monkeypatch):
     def row(name, bits, loss_rule, lm, ratio=None):
         return {"name": name, "spec": name, "options": [], "bits_avg": bits, "wire_ratio": ratio or 32 / bits, "delta": 0.0,
