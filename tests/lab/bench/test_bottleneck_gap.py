@@ -75,6 +75,7 @@ def test_the_long_protocols_muon_rows_are_measured_against_the_muon_baseline_too
     assert "| bn96-muon-vq4 | +0.100 | +0.200 | +0.100 | +0.100 | +0.100 |" in muon
     assert "bn96-vq4 " not in muon and "muon-base |" not in muon
     assert "tolerance" not in muon  # no second seed yet
+    assert "- muon-base: step 800" in muon and "- bn96-muon-vq4: step 1000" in muon  # AdamW's final loss, 4.5
     write(results / "muon-base-seed1" / "metrics.jsonl", dict(zip(steps, (5.9, 5.4, 4.9, 4.6, 4.45))))
     bottleneck_gap.main()
     first, muon = out.with_suffix(".md").read_text().split("Against the Muon baseline")
