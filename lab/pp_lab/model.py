@@ -370,8 +370,8 @@ class Block(_Loadable):
             self.encoder = Encoder(cfg.d_model, k, cfg.bottleneck_sink, seq_dim, basis(i), cfg.bottleneck_trainable,
                                    cfg.bottleneck_group, branch(cfg.d_model, k, 1000 * (i + 1)))
         if i - 1 in cfg.bottleneck_after:
-            self.decoder = Decoder(cfg.d_model, k, seq_dim, basis(i - 1), cfg.bottleneck_trainable, cfg.bottleneck_group,
-                                   branch(k, cfg.d_model, 1000 * i + 1))
+            self.decoder = Decoder(cfg.d_model, k, seq_dim, basis(i - 1), cfg.bottleneck_trainable,
+                                   cfg.bottleneck_group, branch(k, cfg.d_model, 1000 * i + 1))
 
     def hf_names(self) -> dict[str, str]:
         p = f"model.layers.{self.index}."

@@ -59,8 +59,8 @@ def add_args(ap: argparse.ArgumentParser, steps: int, lr: float) -> argparse.Arg
                     help="AdamW's decoupled weight decay (per step, lr x this); with --optimizer muon, scaled so that "
                          "the matrices decay per step as they would under AdamW at --lr")
     ap.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
-                    help="muon: DeepSpeed's Muon for the blocks' matrices (orthogonalised momentum at --muon-lr), AdamW "
-                         "at --lr for the embedding, norms and biases (the DeepSpeed engine only)")
+                    help="muon: DeepSpeed's Muon for the blocks' matrices (orthogonalised momentum at --muon-lr), "
+                         "AdamW at --lr for the embedding, norms and biases (the DeepSpeed engine only)")
     ap.add_argument("--muon-lr", type=float, default=0.02, help="the Muon matrices' learning rate (--optimizer muon)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bf16", action="store_true", help="bf16 weights/activations (what crosses the wire too)")
@@ -526,7 +526,8 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
             print("pp_compress: the model sends [seq, batch, hidden], so batch_dim=1", file=sys.stderr)
         compression = dataclasses.replace(compression, batch_dim=1)
     engine, *_ = ppd.initialize(model=module, config=config, compression=compression,
-                                model_parameters=param_groups(module, args.lr, args.bottleneck_lr_scale, args.optimizer))
+                                model_parameters=param_groups(module, args.lr, args.bottleneck_lr_scale,
+                                                              args.optimizer))
     ckpt = args.out / "ckpt"
     if args.resume:
         path, _ = engine.load_checkpoint(str(ckpt))

@@ -86,7 +86,8 @@ def test_a_residual_branch_starts_at_its_identity_path_bitwise_and_is_all_that_t
     same = GPT(bottlenecked(64, bottleneck_residual=32), bases={1: fixed_basis(64, 64, "identity", 0)})
     assert torch.equal(plain(ids), same(ids))
     enc, dec = same.layers[2].encoder, same.layers[3].decoder  # block 1's encoder, block 2's decoder (embedding first)
-    assert enc.branch.inner.shape == (32, 64) and enc.branch.outer.shape == (64, 32) and dec.branch.inner.shape == (32, 64)
+    assert enc.branch.inner.shape == (32, 64) and enc.branch.outer.shape == (64, 32)
+    assert dec.branch.inner.shape == (32, 64)
     assert not enc.branch.outer.any() and not torch.equal(enc.branch.inner, dec.branch.inner)  # seeded apart
     trained = [n for n, p in same.named_parameters() if p.requires_grad and "coder." in n]
     assert sorted(trained) == sorted(f"layers.{i}.{c}.branch.{w}" for i, c in ((2, "encoder"), (3, "decoder"))

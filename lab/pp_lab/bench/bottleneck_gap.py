@@ -106,7 +106,8 @@ def long_table(results: Path) -> list[str]:
                                        "(twice its seed-to-seed gap, `muon-base-seed1`, and at least the frontier's "
                                        "minimum, as the loss rule's).")
         out += ["", f"Against the Muon baseline (`{results.relative_to(ROOT)}/muon-base`, the same command with "
-                f"`--optimizer muon`), the rows trained with Muon.{tol}", "", *table(rows["muon-base"], muon, LONG_STEPS),
+                f"`--optimizer muon`), the rows trained with Muon.{tol}", "",
+                *table(rows["muon-base"], muon, LONG_STEPS),
                 "", f"Where the rows trained with Muon reach the AdamW baseline's final loss ({base[final]:.3f}):", ""]
         for name, ev in sorted({"muon-base": rows["muon-base"], **muon}.items()):
             at = steps_to_target(sorted(ev.items()), base[final])

@@ -107,17 +107,21 @@ def test_a_run_with_another_optimizer_is_judged_against_that_optimizers_baseline
             "muon-base": _run([(500, 4.6), (1000, 3.8)], 4.0, 4.0),
             "muon-base-seed1": _run([(500, 4.6), (1000, 3.83)], 4.0, 4.0),
             "bn-muon": _run([(500, 4.8), (1000, 3.9)], 1.0, 1.0)}  # below AdamW's baseline, above Muon's
-    bed = fr.Testbed("small GPT", settings, "base", "base-seed1", "long", optimizers=(("muon", "muon-base", "muon-base-seed1"),))
+    bed = fr.Testbed("small GPT", settings, "base", "base-seed1", "long",
+                     optimizers=(("muon", "muon-base", "muon-base-seed1"),))
     rows = {r["name"]: r for r in fr.frontier(runs, [], {}, bed)}
     bn = rows["bn-muon"]
-    assert bn["baseline"] == "muon-base" and bn["delta"] == pytest.approx(0.1) and bn["tolerance"] == pytest.approx(0.06)
+    assert bn["baseline"] == "muon-base" and bn["delta"] == pytest.approx(0.1)
+    assert bn["tolerance"] == pytest.approx(0.06)
     assert bn["parity"]["loss_rule"] == "worse" and bn["bits_avg"] == 8.0
-    assert rows["muon-base"]["parity"] == {"loss_rule": "parity", "lm_eval": "baseline"} and rows["base"]["baseline"] == "base"
+    assert rows["muon-base"]["parity"] == {"loss_rule": "parity", "lm_eval": "baseline"}
+    assert rows["base"]["baseline"] == "base"
     assert "+0.100 (0.060) vs muon-base" in "\n".join(fr.table(list(rows.values())))
     alone = fr.frontier({n: r for n, r in runs.items() if not n.startswith("muon-base")}, [], {}, bed)
     assert [(r["delta"], r["parity"]["loss_rule"]) for r in alone if r["name"] == "bn-muon"] == [(None, None)]
     monkeypatch.setattr(fr, "EXTRA", {**extra, "bn-muon": ["--optimizer", "lion"]})
-    with pytest.raises(ValueError, match="bn-muon: --optimizer lion has no baseline in the small GPT testbed; accepted: adamw, muon"):
+    with pytest.raises(ValueError, match="bn-muon: --optimizer lion has no baseline in the small GPT testbed; "
+                                         "accepted: adamw, muon"):
         fr.frontier(runs, [], {}, bed)
 
 
