@@ -322,8 +322,6 @@ def ds_config(args: argparse.Namespace, dp: int) -> dict[str, Any]:
                steps_per_print=10**9)  # the progress bar and metrics.jsonl report instead
     cfg["bf16"] = {"enabled": bool(args.bf16)}
     warn_if_slow_bf16(bool(args.bf16))
-    cfg["optimizer"] = {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": args.weight_decay,
-                                                    "betas": [0.9, 0.95], "torch_adam": True}}
     if args.optimizer == "muon":
         if not args.muon_lr > 0:
             raise SystemExit(f"--muon-lr {args.muon_lr}; accepted: a number > 0")
@@ -333,6 +331,9 @@ def ds_config(args: argparse.Namespace, dp: int) -> dict[str, Any]:
         cfg["optimizer"] = {"type": "Muon", "params": {"lr": args.lr, "adam_lr": args.lr, "muon_lr": args.muon_lr,
                                                        "weight_decay": args.weight_decay * args.lr / args.muon_lr,
                                                        "betas": [0.9, 0.95], "momentum": 0.95, "torch_adam": True}}
+    else:
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": args.weight_decay,
+                                                        "betas": [0.9, 0.95], "torch_adam": True}}
     cfg["scheduler"] = {"type": "WarmupCosineLR", "params": {"total_num_steps": args.steps, "warmup_num_steps": warmup,
                                                              "warmup_min_ratio": 0.0, "cos_min_ratio": 0.1}}
     cfg.setdefault("gradient_clipping", 1.0)

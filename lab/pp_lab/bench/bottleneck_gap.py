@@ -11,8 +11,8 @@ the gap at step 0 that training closed by the end.
 
 The long protocol (the small GPT from scratch): every committed bottleneck row (`bn*`) and subspace model
 (`subspace*`, the fixed-basis control) at steps 50, 100, 300, 600 and 1000; there is no pretrained start to close a
-gap from. Where the Muon baseline (`muon-base`) is committed, a second table gives the rows trained with Muon
-(`*-muon-*`) against it, the gap that counts for them.
+gap from. For each other optimizer whose baseline is committed (the frontier's `Testbed.optimizers`: Muon's
+`muon-base`), a second table gives the rows trained with it against that baseline, the gap that counts for them.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pp_lab.eval.frontier import steps_to_target, tolerance
-from pp_lab.eval.study import SM_COMMON
+from pp_lab.eval.frontier import TESTBEDS, optimizer_of, steps_to_target, tolerance
+from pp_lab.eval.study import EXTRA, SM_COMMON
 from pp_lab.launch import run_job
 from pp_lab.paths import RESULTS, ROOT
 
@@ -69,7 +69,8 @@ def table(base: dict[int, float], rows: dict[str, dict[int, float]], steps: tupl
 def long_rows(results: Path) -> tuple[dict[int, float], dict[str, dict[int, float]], str]:
     """The long protocol's baseline, its bottleneck and subspace rows of the baseline's length, and their caption."""
     base = evals(results / "base" / "metrics.jsonl")
-    rows = {p.parent.name: evals(p) for pattern in ("bn*", "subspace*", "muon-base*")
+    other_bases = [name for _, *names in TESTBEDS["long"].optimizers for name in names]  # each and its second seed
+    rows = {p.parent.name: evals(p) for pattern in ("bn*", "subspace*", *other_bases)
             for p in results.glob(f"{pattern}/metrics.jsonl")}
     rows = {name: ev for name, ev in rows.items() if ev and max(ev) == max(base)}
     if not rows:
@@ -98,18 +99,23 @@ def long_table(results: Path) -> list[str]:
     """The long protocol's caption and table (nothing is evaluated: there is no pretrained start)."""
     base, rows, caption = long_rows(results)
     out = [caption, "", *table(base, rows, LONG_STEPS)]
-    muon = {name: ev for name, ev in rows.items() if "-muon-" in name}
-    if "muon-base" in rows and muon:
-        final = max(base)
-        seed = rows.get("muon-base-seed1", {}).get(final)
-        tol = "" if seed is None else (f" Its tolerance is {tolerance(abs(seed - rows['muon-base'][final])):.3f} "
-                                       "(twice its seed-to-seed gap, `muon-base-seed1`, and at least the frontier's "
+    final = max(base)
+    for optimizer, base_name, seed1 in TESTBEDS["long"].optimizers:
+        own = {name: ev for name, ev in rows.items()
+               if optimizer_of(EXTRA.get(name, [])) == optimizer and name not in (base_name, seed1)}
+        if base_name not in rows or not own:
+            continue
+        seed = rows.get(seed1, {}).get(final)
+        tol = "" if seed is None else (f" Its tolerance is {tolerance(abs(seed - rows[base_name][final])):.3f} "
+                                       f"(twice its seed-to-seed gap, `{seed1}`, and at least the frontier's "
                                        "minimum, as the loss rule's).")
-        out += ["", f"Against the Muon baseline (`{results.relative_to(ROOT)}/muon-base`, the same command with "
-                f"`--optimizer muon`), the rows trained with Muon.{tol}", "",
-                *table(rows["muon-base"], muon, LONG_STEPS),
-                "", f"Where the rows trained with Muon reach the AdamW baseline's final loss ({base[final]:.3f}):", ""]
-        for name, ev in sorted({"muon-base": rows["muon-base"], **muon}.items()):
+        title = optimizer.capitalize()  # Muon
+        out += ["", f"Against the {title} baseline (`{results.relative_to(ROOT)}/{base_name}`, the same command "
+                f"with `--optimizer {optimizer}`), the rows trained with {title}.{tol}", "",
+                *table(rows[base_name], own, LONG_STEPS),
+                "", f"Where the rows trained with {title} reach the AdamW baseline's final loss "
+                f"({base[final]:.3f}):", ""]
+        for name, ev in sorted({base_name: rows[base_name], **own}.items()):
             at = steps_to_target(sorted(ev.items()), base[final])
             out.append(f"- {name}: " + ("never" if at is None else f"step {at:.0f}"))
     return out

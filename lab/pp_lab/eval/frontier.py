@@ -185,6 +185,11 @@ TESTBEDS = {"long": Testbed("small GPT", LONG, "base", "base-seed1", "long",
                                e2e=("e2e_smollm2", "e2e_smollm2_bottleneck"))}
 
 
+def optimizer_of(options: list[str]) -> str:
+    """The optimizer a run's recipe options train with (`--optimizer`; AdamW without it)."""
+    return options[options.index("--optimizer") + 1] if "--optimizer" in options else "adamw"
+
+
 def frontier(runs: dict[str, dict[str, Any]], e2e: list[dict[str, dict[str, dict[str, Any]]]], verdicts: dict[str, str],
              testbed: Testbed = TESTBEDS["long"]) -> list[dict[str, Any]]:
     """One row per run. `e2e` holds one or more e2e runs (link -> key -> row); a setting takes its step times from the
@@ -196,7 +201,7 @@ def frontier(runs: dict[str, dict[str, Any]], e2e: list[dict[str, dict[str, dict
     out = []
     for name, r in runs.items():
         spec, options = testbed.settings[name], EXTRA.get(name, [])
-        optimizer = options[options.index("--optimizer") + 1] if "--optimizer" in options else "adamw"
+        optimizer = optimizer_of(options)
         if optimizer not in baselines:
             raise ValueError(f"{name}: --optimizer {optimizer} has no baseline in the {testbed.model} testbed; "
                              f"accepted: {', '.join(baselines)}")
@@ -237,9 +242,14 @@ def _fmt_steps(steps: float | None) -> str:
     return "never" if steps is None else f"{steps:.0f}"
 
 
+def testbed_base(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The testbed's (AdamW) baseline among its rows."""
+    return next(r for r in rows if r["name"] in {t.base for t in TESTBEDS.values()})
+
+
 def link_order(rows: list[dict[str, Any]]) -> list[tuple[str, float | None]]:
     """(link, r) of every measured link but the unthrottled one, slowest link (largest r) last."""
-    base = next(r for r in rows if r["name"] in {t.base for t in TESTBEDS.values()})  # the testbed's baseline
+    base = testbed_base(rows)
     links = [(k, v["r"]) for k, v in base["links"].items() if v["rate_mbit"] > 0]
     return sorted(links, key=lambda x: x[1] if x[1] is not None else -1)
 
@@ -247,7 +257,7 @@ def link_order(rows: list[dict[str, Any]]) -> list[tuple[str, float | None]]:
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """The frontier as a markdown table: bits, quality, verdicts, steps and speedup to target per link."""
     links = link_order(rows)
-    base = next(r["name"] for r in rows if r["name"] in {t.base for t in TESTBEDS.values()})
+    base = testbed_base(rows)["name"]
     head = ["setting", "--pp-compress", "bits/elem fwd / bwd (avg)", "wire ratio", "final val loss", "delta (tolerance)",
             "parity: loss / lm-eval", "steps to target", "baseline had this loss at step",
             *(f"speedup {k} (r={r:.1f})" if r is not None else f"speedup {k}" for k, r in links)]

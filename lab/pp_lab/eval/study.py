@@ -160,10 +160,9 @@ LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # the frozen identity path with a trained residual branch of width d beside each map, at d/2 through vq and d/4
 # through int8, frozen's two best cells. Then the optimizer ResBM reports its best results with: DeepSpeed's Muon for
 # the blocks' matrices (`muon`), its baseline first (`muon-base`, no bottleneck: the gap that counts is to it), then
-# d/2 through vq frozen and trained. Frozen, d/2 ran within about the tolerance of Muon's baseline, so then Muon's
-# own seed-to-seed gap (`muon-base-seed1`, the tolerance its rows need), and frozen with Muon at d/16 through vq
-# (ResBM's 128x) and d/4 through int8. Then d/16 through vq, trained; then d/2 frozen with Muon and no codec: what vq
-# costs the best Muon row.
+# d/2 through vq frozen and trained; Muon's own seed-to-seed gap (`muon-base-seed1`, the tolerance its rows are judged
+# by); frozen with Muon at d/16 through vq (ResBM's 128x) and d/4 through int8. Then d/16 through vq, trained; then
+# d/2 frozen with Muon and no codec: what vq costs the frozen d/2 Muon row.
 LONG_BOTTLENECK = [(48, "int8", "tokens-sink0"), (48, "int8", "sink0"), (48, "int8", ""), (96, "vq4", ""),
                    (192, "none", ""), (48, "int8", "frozen"), (96, "vq4", "frozen"), (12, "vq4", "frozen"),
                    (48, "none", ""), (96, "vq4", "lr01"), (24, "int8", ""), (96, "vq4", "res"), (48, "int8", "res"),
