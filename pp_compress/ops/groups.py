@@ -84,6 +84,13 @@ def from_groups(g: Tensor, shape: tuple[int, ...], per: str) -> Tensor:
     return g.reshape(-1)[:numel].reshape(shape)
 
 
+def div_exact(x: Tensor, k: float) -> Tensor:
+    """x / k rounded once, as the CPU and the device kernels (ops/triton_*.py) divide. torch on CUDA multiplies by the
+    rounded reciprocal where the divisor is a Python number (an ulp off at times, enough to move a scale across a
+    rounding boundary of its dtype); a one-element tensor is divided by as a tensor."""
+    return x / x.new_full((1,), k)
+
+
 def round_scale(s: Tensor, dtype: torch.dtype) -> Tensor:
     """Cast positive fp32 scales to `dtype`, rounding up so quantized values never clip."""
     return (s * (1.0 + ROUND_UP[dtype])).to(dtype)

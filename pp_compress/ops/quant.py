@@ -27,7 +27,7 @@ from .bits import pack_bits, packed_nbytes, unpack_bits
 from .base import (Compressor, Context, Layout, OpConfig, Payload, TensorSpec, expect_finite, input_message, new_flag,
                    settle)
 from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, block_size, check_kernel, check_per, check_scale,
-                     from_groups, group_dims, round_down, round_scale, safe_scale, to_groups)
+                     div_exact, from_groups, group_dims, round_down, round_scale, safe_scale, to_groups)
 
 INT_BITS = (1, 2, 3, 4, 5, 6, 7, 8)
 ROT_FORMS = "rot (auto) | rot=<power of two> | rot=off"
@@ -303,7 +303,7 @@ class IntQuant(Compressor):
         else:
             if c.stoch:
                 top = 2 ** (c.bits - 1) - 1
-                scale = round_scale(torch.maximum(hi, -lo) / top, sdt)  # (groups,)
+                scale = round_scale(div_exact(torch.maximum(hi, -lo), top), sdt)  # (groups,)
                 # floor(q + u) may reach top + 1 through fp32 rounding of the sum: clamp
                 q = _round_(torch.div(g, safe_scale(scale)[:, None]), noise).clamp_(-top, top)  # (groups, size)
                 codes = q.to(torch.int8) if c.bits == 8 else q.add_(top)
@@ -349,7 +349,7 @@ def sym_encode(g: Tensor, bits: int, sdt: torch.dtype) -> tuple[Tensor, Tensor]:
     codes offset to 0..2L as fp32; and the scales in `sdt`. Scales are rounded up, so |g / scale| <= L and
     no clamp is needed. Pure tensor code: torch.compile fuses it (`compile` option)."""
     top = 2 ** (bits - 1) - 1
-    scale = round_scale(torch.maximum(g.amax(dim=1), -g.amin(dim=1)) / top, sdt)  # (groups,)
+    scale = round_scale(div_exact(torch.maximum(g.amax(dim=1), -g.amin(dim=1)), top), sdt)  # (groups,)
     q = torch.div(g, safe_scale(scale)[:, None]).round_()  # (groups, size)
     return (q.to(torch.int8) if bits == 8 else q.add_(top)), scale
 
@@ -386,7 +386,7 @@ def sym_encode_int8(g: Tensor, sdt: torch.dtype) -> tuple[Tensor, Tensor]:
     buf = torch.empty((rows, g.shape[1]), dtype=torch.float32, device=g.device)  # (rows, size)
     for i in range(0, g.shape[0], rows):
         b = buf[: min(rows, g.shape[0] - i)].copy_(g[i:i + rows])  # (<=rows, size); exact
-        s = round_scale(torch.maximum(b.amax(dim=1), -b.amin(dim=1)) / 127, sdt)  # (<=rows,)
+        s = round_scale(div_exact(torch.maximum(b.amax(dim=1), -b.amin(dim=1)), 127), sdt)  # (<=rows,)
         scale[i:i + rows] = s
         b.div_(safe_scale(s)[:, None]).round_()
         codes[i:i + rows].copy_(b)  # integral floats in -127..127: exact

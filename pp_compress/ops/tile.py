@@ -120,8 +120,11 @@ class TileQuant(Compressor):
         dm, n_hi = self._dims(tuple(x.shape), ctx.name)
         t, pivots = pivoted.split(x, dm, c.size, c.rot, ctx, "tile-rot", c.kernel == "fused")  # (tiles, size)
         spread = t.amax(dim=1) - t.amin(dim=1) if c.asym else 2 * t.abs().amax(dim=1)  # (tiles,)
-        high = torch.zeros(dm.tiles, dtype=torch.bool, device=x.device)  # (tiles,)
-        high[spread.topk(n_hi).indices] = True
+        # a stable sort breaks ties between equal spreads (frequent in bf16) by position, the same on every device and
+        # path, where topk's choice among ties is its implementation's; index_fill_ takes its value as an argument,
+        # where `high[i] = True` copies a host scalar to the device, which waits for the device
+        ranked = torch.argsort(spread, descending=True, stable=True)  # (tiles,)
+        high = torch.zeros(dm.tiles, dtype=torch.bool, device=x.device).index_fill_(0, ranked[:n_hi], True)  # (tiles,)
         bitmap = pack_bits(high.to(torch.uint8), 1) if 0 < n_hi < dm.tiles else x.new_empty((0,), dtype=torch.uint8)
         order = _order(high)  # (tiles,)
         parts = [part.encode_rows(t, rows, ctx).tensors for part, rows in zip(self.parts, (order[:n_hi], order[n_hi:]))]

@@ -45,6 +45,18 @@ def test_the_allocation_travels_and_gives_the_widest_tiles_the_high_bits():
     assert bool((err <= step / 2 + 1e-6).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiles_of_equal_spread_get_the_high_bits_by_position(dtype):
+    """Ties between tiles' ranges (frequent in bf16) go to the earlier tile, on every device and path: a device kernel's
+    payload can then be compared with the eager reference's bitwise, and tile choice never depends on topk's
+    implementation."""
+    x = torch.ones(6, 128, dtype=dtype)  # 12 tiles of 64, all of the same range
+    x[4, :64] = 3.0  # the 9th tile is the widest
+    p = ppc.build("tile:3.5:rot=false:pivots=0").compress(x)
+    high = [bool((p.tensors[0][i // 8] >> (i % 8)) & 1) for i in range(12)]
+    assert high == [True] * 5 + [False] * 3 + [True] + [False] * 3
+
+
 def test_pivots_travel_exactly_and_free_their_tile():
     x = _sinky()
     with_pivot, without = ppc.build("tile:3.5"), ppc.build("tile:3.5:pivots=0")
