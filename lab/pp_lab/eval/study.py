@@ -182,9 +182,14 @@ for _k, _codec, _variant in LONG_BOTTLENECK:
 for _name in ("muon-base", "muon-base-seed1"):
     LONG[_name], EXTRA[_name] = "none", ["--optimizer", "muon"]
 SEEDS["muon-base-seed1"] = 1
+# The drop-in codec alone at the bottleneck rows' bytes (vq:1.5 both ways, 2.0 bits per element on these rows) with
+# each optimizer: whether a bottleneck is the better way to 2 bits from scratch at all.
+for _name, _opt in (("muon-vq1.5", ["--optimizer", "muon"]), ("vq1.5", [])):
+    LONG[_name], EXTRA[_name] = "vq:1.5", _opt
 BOTTLENECK_LONG_ORDER = [f"bn{k}{'-' + v if v else ''}-{codec}" for k, codec, v in LONG_BOTTLENECK]
 BOTTLENECK_LONG_ORDER.insert(BOTTLENECK_LONG_ORDER.index("bn96-frozen-muon-vq4"), "muon-base")
 BOTTLENECK_LONG_ORDER.insert(BOTTLENECK_LONG_ORDER.index("bn12-frozen-muon-vq4"), "muon-base-seed1")
+BOTTLENECK_LONG_ORDER += ["muon-vq1.5", "vq1.5"]
 # The real-model testbed (issue 24): continued pretraining of SmolLM2-135M-Instruct (LLaMA architecture, 30 blocks,
 # outlier channels and an attention sink from the middle layers on; `make models`) on Jane Austen's novels, 5% of every
 # file held out. 4 pipeline stages as DeepSpeed balances them: cuts after blocks 8, 16 and 23, so one run compresses an
