@@ -147,6 +147,10 @@ def test_the_from_scratch_bottleneck_rows_train_the_small_gpt_with_a_random_init
     assert study.job("bn48-sink0-int8", "long")[3] == study.LONG["subspace48-int8"] == "int8"  # its control's codec
     assert "bn48-tokens-sink0-int8" in rows and "bn12-vq4" in rows and "bn96-res-vq4" in rows
     alone, runs = study.PROTOCOLS["long-bottleneck"]
-    assert [n for n in alone if not n.startswith("muon-base")] == rows and runs == study.PROTOCOLS["long"][1]
+    assert [n for n in alone if n.startswith("bn")] == rows and runs == study.PROTOCOLS["long"][1]
+    for name, optimizer in (("muon-vq1.5", "muon"), ("vq1.5", None)):  # the codec alone at the bottleneck's bytes
+        assert name in alone
+        _, _, args, spec = study.job(name, "long")
+        assert spec == "vq:1.5" and _flag(args, "--optimizer") == optimizer and _flag(args, "--bottleneck") is None
     assert alone.index("muon-base") < alone.index("bn96-frozen-muon-vq4")  # the baseline its rows are measured by
     assert all(study.job(n, "long-bottleneck") == study.job(n, "long") for n in rows)
