@@ -9,8 +9,9 @@ one step, no compression; kept as <out>.start.jsonl, so that a later call reuses
 committed bottleneck row, its validation loss minus the baseline's at steps 0, 25, 50, 100 and 200, and the share of
 the gap at step 0 that training closed by the end.
 
-The long protocol (the small GPT from scratch): every committed bottleneck row (`bn*`) and subspace model
-(`subspace*`, the fixed-basis control) at steps 50, 100, 300, 600 and 1000; there is no pretrained start to close a
+The long protocol (the small GPT from scratch): every committed row of the long-bottleneck study (the bottleneck rows,
+the other optimizers' baselines, the codec alone at the same bytes) and subspace model (`subspace*`, the fixed-basis
+control) at steps 50, 100, 300, 600 and 1000; there is no pretrained start to close a
 gap from. For each other optimizer whose baseline is committed (the frontier's `Testbed.optimizers`: Muon's
 `muon-base`), a second table gives the rows trained with it against that baseline, the gap that counts for them.
 """
@@ -25,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from pp_lab.eval.frontier import TESTBEDS, optimizer_of, steps_to_target, tolerance
-from pp_lab.eval.study import EXTRA, SM_COMMON
+from pp_lab.eval.study import BOTTLENECK_LONG_ORDER, EXTRA, SM_COMMON
 from pp_lab.launch import run_job
 from pp_lab.paths import RESULTS, ROOT
 
@@ -67,10 +68,11 @@ def table(base: dict[int, float], rows: dict[str, dict[int, float]], steps: tupl
 
 
 def long_rows(results: Path) -> tuple[dict[int, float], dict[str, dict[int, float]], str]:
-    """The long protocol's baseline, its bottleneck and subspace rows of the baseline's length, and their caption."""
+    """The long protocol's baseline, the long-bottleneck study's rows and the subspace rows of the baseline's length,
+    and their caption."""
     base = evals(results / "base" / "metrics.jsonl")
     other_bases = [name for _, *names in TESTBEDS["long"].optimizers for name in names]  # each and its second seed
-    rows = {p.parent.name: evals(p) for pattern in ("bn*", "subspace*", *other_bases)
+    rows = {p.parent.name: evals(p) for pattern in ("subspace*", *BOTTLENECK_LONG_ORDER, *other_bases)
             for p in results.glob(f"{pattern}/metrics.jsonl")}
     rows = {name: ev for name, ev in rows.items() if ev and max(ev) == max(base)}
     if not rows:

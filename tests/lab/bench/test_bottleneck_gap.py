@@ -47,7 +47,7 @@ def test_the_long_protocol_compares_bottleneck_and_subspace_rows_from_scratch(tm
     write(results / "bn48-int8" / "metrics.jsonl", {50: 6.2, 100: 5.7, 300: 5.2, 600: 4.9, 1000: 4.7})
     write(results / "subspace48-int8" / "metrics.jsonl", {50: 6.1, 300: 5.1, 1000: 4.6})
     write(results / "bn12-vq4" / "metrics.jsonl", {50: 6.5, 300: 5.6})  # still running: another length
-    write(results / "int8" / "metrics.jsonl", {50: 6.0, 1000: 4.5})  # neither a bottleneck nor a subspace row
+    write(results / "int8" / "metrics.jsonl", {50: 6.0, 1000: 4.5})  # not a row of the bottleneck study
     monkeypatch.setattr(sys, "argv", ["x", "--protocol", "long", "--out", str(out), "--results", str(results)])
     monkeypatch.setattr(bottleneck_gap, "ROOT", tmp_path)
     bottleneck_gap.main()
@@ -66,10 +66,12 @@ def test_the_long_protocols_muon_rows_are_measured_against_the_muon_baseline_too
     write(results / "muon-base" / "metrics.jsonl", dict(zip(steps, (5.9, 5.4, 4.9, 4.6, 4.4))))
     write(results / "bn96-muon-vq4" / "metrics.jsonl", dict(zip(steps, (6.0, 5.6, 5.0, 4.7, 4.5))))
     write(results / "bn96-vq4" / "metrics.jsonl", dict(zip(steps, (6.1, 5.6, 5.1, 4.8, 4.6))))
+    write(results / "muon-vq1.5" / "metrics.jsonl", dict(zip(steps, (6.4, 5.9, 5.4, 5.1, 4.9))))  # the codec alone
     monkeypatch.setattr(sys, "argv", ["x", "--protocol", "long", "--out", str(out), "--results", str(results)])
     monkeypatch.setattr(bottleneck_gap, "ROOT", tmp_path)
     bottleneck_gap.main()
     first, muon = out.with_suffix(".md").read_text().split("Against the Muon baseline")
+    assert "| muon-vq1.5 | +0.500 | +0.500 | +0.500 | +0.500 | +0.500 |" in muon and "- muon-vq1.5: never" in muon
     assert "| muon-base | -0.100 | -0.100 | -0.100 | -0.100 | -0.100 |" in first  # Muon's own gain over AdamW
     assert "| bn96-muon-vq4 | +0.000 | +0.100 | +0.000 | +0.000 | +0.000 |" in first
     assert "| bn96-muon-vq4 | +0.100 | +0.200 | +0.100 | +0.100 | +0.100 |" in muon
