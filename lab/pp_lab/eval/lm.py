@@ -46,15 +46,20 @@ class Staged(nn.Module):
             if i in cuts:
                 seq.append(ppc.CompressionBoundary(cfg, boundary=cuts.index(i)))
         self.seq = nn.ModuleList(seq)
+        self.group = model.cfg.bottleneck_group if model.cfg.bottleneck is not None else 1
+        """Tokens per wire row of a bottleneck model: the sequence length must be a multiple of it."""
 
     def forward(self, ids: Tensor) -> Tensor:
-        x: Any = ids  # (B, T)
+        t = ids.shape[1]
+        # a bottleneck sends `group` tokens' codes a row; tokens appended at the end leave the real positions' outputs
+        # unchanged (causal attention), except through a codec whose scales the last row's pad shares
+        x: Any = F.pad(ids, (0, -t % self.group))  # (B, T padded)
         for m in self.seq:
             if isinstance(m, ppc.CompressionBoundary) and isinstance(x, tuple):  # (c, token ids) of a subspace model
                 x = (m(x[0]), *x[1:])  # the float tensor is compressed, the integer ones travel as they are
             else:
                 x = m(x)
-        return x  # (B, T, V)
+        return x[:, :t]  # (B, T, V)
 
 
 @register_model("pp_compress")

@@ -198,3 +198,22 @@ def test_an_accuracy_at_chance_is_reported_but_does_not_gate():
     assert compare(at_chance, worse, True, 0.01, chance=0.25)["verdict"] == "at chance"
     assert compare(clearly_above, worse, True, 0.01, chance=0.25)["verdict"] == "worse"
     assert compare(at_chance, worse, True, 0.01)["verdict"] == "worse"  # no chance level given: it gates
+
+
+def test_a_bottleneck_model_scores_sequences_of_any_length():
+    """lm-eval's documents have any length, and a bottleneck sends `group` tokens' codes a row: the model pads the end,
+    and the real positions' logits are those of the model run on a longer sequence."""
+    import dataclasses
+
+    from pp_lab.eval.lm import Staged
+    from pp_lab.model import GPT
+
+    cfg = dataclasses.replace(GPTConfig.preset("tiny", vocab_size=256), bottleneck=16, bottleneck_after=(1,),
+                              bottleneck_group=2)
+    torch.manual_seed(0)
+    net = Staged(GPT(cfg), 2, "none").eval()
+    ids = torch.randint(0, 256, (2, 11))
+    with torch.no_grad():
+        odd = net(ids)  # (2, 11, V)
+        longer = net(torch.cat([ids, torch.randint(0, 256, (2, 1))], dim=1))  # (2, 12, V)
+    assert odd.shape == (2, 11, 256) and torch.equal(odd, longer[:, :11])
