@@ -6,8 +6,8 @@ the code is the sign and the scale is mean|x| (or absmax with stochastic roundin
 unbiased). Asymmetric (`asym`): 2**b levels from the group's min (zero point) to its max.
 Stochastic rounding (`stoch`) draws counter-based uniforms from the context (`ctx.uniform`) and is unbiased.
 Rotation (`rot`): a randomized Hadamard transform over blocks of the last dim before quantizing and its inverse
-after (ops/hadamard.py); the signs are counter-based from the context (the same on every device), so the wire is the same as without it.
-It is linear, so stochastic rounding stays unbiased through it.
+after (ops/hadamard.py); the signs are counter-based from the context (the same on every device), so the wire is the
+same as without it. It is linear, so stochastic rounding stays unbiased through it.
 Wire: ceil(n * b / 8) bytes of codes + one scale per group (+ one zero point if asym).
 """
 from __future__ import annotations
@@ -176,8 +176,8 @@ class IntQuant(Compressor):
         spec, scale = self.spec, self.config.scale
         for t in p.tensors[1:]:  # scales (and zero points): tiny
             expect_finite(t, ctx, FloatingPointError, lambda: (
-                f"{ctx.name}: {spec} scales overflow scale={scale} at step {ctx.step}; use a wider scale: scale=bf16 or "
-                "scale=fp32"), lambda: f" (max |x| {float(x.abs().max()):.4g} in {x.dtype})")
+                f"{ctx.name}: {spec} scales overflow scale={scale} at step {ctx.step}; use a wider scale: "
+                "scale=bf16 or scale=fp32"), lambda: f" (max |x| {float(x.abs().max()):.4g} in {x.dtype})")
         return p
 
     def _decode(self, payload: Payload, ctx: Context) -> Tensor:
@@ -322,7 +322,8 @@ class IntQuant(Compressor):
         size = self._fused_size(shape, payload.tensors[0])
         if size:
             like = payload.tensors[0].new_empty(0, dtype=payload.dtype)
-            return fused.kernels().sym_decode(payload.tensors[0], payload.tensors[1].float(), c.bits, size, like).reshape(shape)
+            scale = payload.tensors[1].float()
+            return fused.kernels().sym_decode(payload.tensors[0], scale, c.bits, size, like).reshape(shape)
         numel = TensorSpec(shape, payload.dtype).numel
         codes = unpack_bits(payload.tensors[0], c.bits, numel).reshape(shape)
         if c.bits == 8 and not c.asym:
@@ -333,7 +334,8 @@ class IntQuant(Compressor):
             if c.compile:
                 g = _SYM_DECODE(codes, c.bits, scale, payload.dtype)
             else:
-                g = sym_decode_int8(codes, scale, payload.dtype) if c.bits == 8 else sym_decode(codes, c.bits, scale, payload.dtype)
+                g = (sym_decode_int8(codes, scale, payload.dtype) if c.bits == 8
+                     else sym_decode(codes, c.bits, scale, payload.dtype))
             return from_groups(g, shape, c.per)
         g = to_groups(codes, c.per).float()  # (groups, size), a fresh fp32 tensor: updated in place below
         if c.asym:  # zero + code * scale as mid + (code - top / 2) * scale: no overflow near the dtype's max

@@ -77,7 +77,8 @@ class TileQuantConfig(OpConfig):
         if self.lo > self.hi:
             raise ValueError(f"tile lo={self.lo} > hi={self.hi}; accepted: lo <= hi")
         if not self.lo <= self.avg <= self.hi:
-            raise ValueError(f"tile avg={self.avg} bits is outside [lo, hi] = [{self.lo}, {self.hi}]; set lo/hi around it")
+            raise ValueError(f"tile avg={self.avg} bits is outside [lo, hi] = [{self.lo}, {self.hi}]; "
+                             "set lo/hi around it")
         pivoted.check("tile", self.size, self.pivots, self.rot)
         check_scale(self.scale)
         check_kernel(self.kernel)
