@@ -164,7 +164,8 @@ LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # by); frozen with Muon at d/16 through vq (ResBM's 128x) and d/4 through int8. Then d/16 through vq, trained; then
 # d/2 frozen with Muon and no codec: what vq costs the frozen d/2 Muon row. Then, at about the same 2 bits, a wider
 # code through a coarser codec: 2d/3 frozen with Muon through vq:2.5 both ways (2.08 bits against d/2's 2.03); it was
-# worse, so then a narrower code through a finer one: d/3 through int6:rot (2.03 bits; d/4 through int8 is 2.09).
+# worse, so then a narrower code through a finer one: d/3 through int6:rot (2.04 bits, two tokens a row; d/4 through
+# int8 is 2.09).
 LONG_BOTTLENECK = [(48, "int8", "tokens-sink0"), (48, "int8", "sink0"), (48, "int8", ""), (96, "vq4", ""),
                    (192, "none", ""), (48, "int8", "frozen"), (96, "vq4", "frozen"), (12, "vq4", "frozen"),
                    (48, "none", ""), (96, "vq4", "lr01"), (24, "int8", ""), (96, "vq4", "res"), (48, "int8", "res"),
@@ -176,7 +177,8 @@ for _k, _codec, _variant in LONG_BOTTLENECK:
     LONG[_name] = {"none": "none", "int8": "int8", "vq4": "act=vq:4,grad=vq:3", "vq2.5": "vq:2.5",
                    "int6rot": "int6:rot"}[_codec] \
         + ("" if "sink0" in _parts else ",min_numel=0")
-    EXTRA[_name] = ["--bottleneck", str(_k), "--bottleneck-group", str(192 // _k),
+    _group = next(g for g in range(192 // _k, 0, -1) if 128 % g == 0)  # d / k tokens a row where seq 128 allows it
+    EXTRA[_name] = ["--bottleneck", str(_k), "--bottleneck-group", str(_group),
                     *(["--bottleneck-sink", "0"] if "sink0" in _parts else []),
                     *(["--bottleneck-frozen"] if "frozen" in _parts else []),
                     *(["--bottleneck-lr-scale", "0.1"] if "lr01" in _parts else []),
