@@ -165,13 +165,14 @@ LONG.update({n: SETTINGS[n] for n in FINDINGS_RUNS})
 # d/2 frozen with Muon and no codec: what vq costs the frozen d/2 Muon row. Then, at about the same 2 bits, a wider
 # code through a coarser codec: 2d/3 frozen with Muon through vq:2.5 both ways (2.08 bits against d/2's 2.03); it was
 # worse, so then a narrower code through a finer one: d/3 through int6:rot (2.04 bits, two tokens a row; d/4 through
-# int8 is 2.09), the closest 2-bit row, and the same with AdamW.
+# int8 is 2.09), the closest 2-bit row, and the same with AdamW; then below 2 bits, d/4 through int6:rot with Muon.
 LONG_BOTTLENECK = [(48, "int8", "tokens-sink0"), (48, "int8", "sink0"), (48, "int8", ""), (96, "vq4", ""),
                    (192, "none", ""), (48, "int8", "frozen"), (96, "vq4", "frozen"), (12, "vq4", "frozen"),
                    (48, "none", ""), (96, "vq4", "lr01"), (24, "int8", ""), (96, "vq4", "res"), (48, "int8", "res"),
                    (96, "vq4", "frozen-muon"), (96, "vq4", "muon"), (12, "vq4", "frozen-muon"),
                    (48, "int8", "frozen-muon"), (12, "vq4", ""), (96, "none", "frozen-muon"),
-                   (128, "vq2.5", "frozen-muon"), (64, "int6rot", "frozen-muon"), (64, "int6rot", "frozen")]
+                   (128, "vq2.5", "frozen-muon"), (64, "int6rot", "frozen-muon"), (64, "int6rot", "frozen"),
+                   (48, "int6rot", "frozen-muon")]
 for _k, _codec, _variant in LONG_BOTTLENECK:
     _name, _parts = f"bn{_k}{'-' + _variant if _variant else ''}-{_codec}", _variant.split("-")
     LONG[_name] = {"none": "none", "int8": "int8", "vq4": "act=vq:4,grad=vq:3", "vq2.5": "vq:2.5",
