@@ -71,8 +71,8 @@ def long_rows(results: Path) -> tuple[dict[int, float], dict[str, dict[int, floa
     """The long protocol's baseline, the long-bottleneck study's rows and the subspace rows of the baseline's length,
     and their caption."""
     base = evals(results / "base" / "metrics.jsonl")
-    other_bases = [name for _, *names in TESTBEDS["long"].optimizers for name in names]  # each and its second seed
-    rows = {p.parent.name: evals(p) for pattern in ("subspace*", *BOTTLENECK_LONG_ORDER, *other_bases)
+    # the study's order holds the other optimizers' baselines and their second seeds too
+    rows = {p.parent.name: evals(p) for pattern in ("subspace*", *BOTTLENECK_LONG_ORDER)
             for p in results.glob(f"{pattern}/metrics.jsonl")}
     rows = {name: ev for name, ev in rows.items() if ev and max(ev) == max(base)}
     if not rows:
