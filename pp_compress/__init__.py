@@ -28,8 +28,8 @@ In process (simulation, inference-time compression of a transformers model):
 
     bounds = ppc.insert_boundaries(model, after=[2, 5, 8], cfg="act=int8,grad=int8")
 
-Importing this package needs torch alone: it never imports deepspeed. Wire internals (`pp_compress.wire`, `pp_compress.pipe`,
-`pp_compress.ops.base`) are importable from their modules.
+Importing this package needs torch alone: it never imports deepspeed. Wire internals (`pp_compress.wire`,
+`pp_compress.pipe`, `pp_compress.ops.base`) are importable from their modules.
 """
 from .codec import Codec
 from .boundary import CompressionBoundary, compressed_boundary, find_blocks, insert_boundaries, set_sample_ids
@@ -41,7 +41,7 @@ from .presets import PRESETS
 __version__ = "0.1.0"
 
 __all__ = [
-    "AQSGD", "EF", "EF21", "PRESETS", "BoundaryOverride", "Codec", "CompressionBoundary", "CompressionConfig", "Compressor",
-    "CompressorSpec", "Context", "Payload", "build", "compressed_boundary", "find_blocks", "insert_boundaries",
-    "parse_op", "parse_spec", "set_sample_ids",
+    "AQSGD", "EF", "EF21", "PRESETS", "BoundaryOverride", "Codec", "CompressionBoundary", "CompressionConfig",
+    "Compressor", "CompressorSpec", "Context", "Payload", "build", "compressed_boundary", "find_blocks",
+    "insert_boundaries", "parse_op", "parse_spec", "set_sample_ids",
 ]

@@ -108,8 +108,9 @@ class CompressionBoundary(nn.Module):
         step, self.step = self.step, self.step + 1
         act_w, grad_w = Where(self.boundary, "act", step), Where(self.boundary, "grad", step)
         return compressed_boundary(x, self._plan(spec, act_w, "act"), self._plan(spec, grad_w, "grad"),
-                                   self._context(act_w, sample_ids, x.device), self._context(grad_w, sample_ids, x.device),
-                                   self.stats, self.policy.measures_error(act_w))
+                                   self._context(act_w, sample_ids, x.device),
+                                   self._context(grad_w, sample_ids, x.device), self.stats,
+                                   self.policy.measures_error(act_w))
 
     def _plan(self, spec: TensorSpec, where: Where, key: str) -> Compressor | None:
         """The policy's operator for this tensor, counted in the statistics (a gradient is counted when its forward
@@ -145,14 +146,17 @@ class BlockWithBoundary(nn.Module):
             return self.boundary(out)
         if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
             return (self.boundary(out[0]),) + out[1:]
-        raise TypeError(f"{type(self.block).__name__} returned {type(out).__name__}; expected a Tensor or a tuple starting with one")
+        raise TypeError(f"{type(self.block).__name__} returned {type(out).__name__}; expected a Tensor or a tuple "
+                        "starting with one")
 
 
 def find_blocks(model: nn.Module) -> nn.ModuleList:
     """The model's main stack of blocks: the longest ModuleList whose items share one class."""
     best: nn.ModuleList | None = None
     for m in model.modules():
-        kinds = {type(b.block if isinstance(b, BlockWithBoundary) else b) for b in m} if isinstance(m, nn.ModuleList) else set()
+        if not isinstance(m, nn.ModuleList):
+            continue
+        kinds = {type(b.block if isinstance(b, BlockWithBoundary) else b) for b in m}
         if len(kinds) == 1 and len(m) >= 2:
             if best is None or len(m) > len(best):
                 best = m

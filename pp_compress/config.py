@@ -31,12 +31,13 @@ from .ops.base import NONFINITE_POLICIES, Compressor, OpConfig, format_op
 from .ops.chain import Chain
 from .presets import PRESETS, expand
 
-SPEC_FORMS = "op[:args][>op[:args]][+ef|+ef21|+aqsgd[:first=op[:args]]], op one of: " + "; ".join(c.FORMS for c in op_configs())
+SPEC_FORMS = ("op[:args][>op[:args]][+ef|+ef21|+aqsgd[:first=op[:args]]], op one of: "
+              + "; ".join(c.FORMS for c in op_configs()))
 
 
 def _accepted() -> str:
-    return ("accepted operators: " + "; ".join(c.FORMS for c in op_configs()) + "; feedback suffix: +" + ", +".join(FEEDBACKS)
-            + "; or a preset: " + ", ".join(PRESETS))
+    return ("accepted operators: " + "; ".join(c.FORMS for c in op_configs()) + "; feedback suffix: +"
+            + ", +".join(FEEDBACKS) + "; or a preset: " + ", ".join(PRESETS))
 
 
 def _convert(raw: str, typ: Any, token: str, forms: str) -> Any:
@@ -104,15 +105,17 @@ class CompressorSpec:
         if self.feedback is not None and self.feedback not in FEEDBACKS:
             raise ValueError(f"feedback {self.feedback!r}; accepted: {', '.join(FEEDBACKS)}")
         if self.first and self.feedback != "aqsgd":
-            raise ValueError(f"first={'>'.join(format_op(op) for op in self.first)} compresses AQ-SGD's first visit of a "
-                             f"sample; it needs +aqsgd, not {'+' + self.feedback if self.feedback else 'no feedback'}")
+            first = ">".join(format_op(op) for op in self.first)
+            got = "+" + self.feedback if self.feedback else "no feedback"
+            raise ValueError(f"first={first} compresses AQ-SGD's first visit of a sample; it needs +aqsgd, not {got}")
         for op in self.first:
             if op.LEARNS_FROM_GRAD:
-                raise ValueError(f"{format_op(op)} learns from the gradient, so it cannot compress AQ-SGD's first visit")
+                raise ValueError(f"{format_op(op)} learns from the gradient, so it cannot compress AQ-SGD's first "
+                                 "visit")
         for i, op in enumerate(self.ops):
             if op.LEARNS_FROM_GRAD and (i > 0 or self.feedback == "aqsgd"):
-                raise ValueError(f"{format_op(op)} learns from the gradient of the tensor it compresses, so it must come "
-                                 f"first in a chain and not under +aqsgd (got {self})")
+                raise ValueError(f"{format_op(op)} learns from the gradient of the tensor it compresses, so it must "
+                                 f"come first in a chain and not under +aqsgd (got {self})")
 
     @property
     def learns_from_grad(self) -> bool:
@@ -133,7 +136,8 @@ class CompressorSpec:
         first: tuple[OpConfig, ...] = ()
         if arg:  # the rest of the token is the first-visit chain: its operators may have arguments of their own
             if feedback != "aqsgd" or not arg.startswith("first="):
-                raise ValueError(f"unexpected feedback argument {arg!r} in {text!r}; accepted: +aqsgd:first=<op>[><op>]")
+                raise ValueError(f"unexpected feedback argument {arg!r} in {text!r}; accepted: "
+                                 "+aqsgd:first=<op>[><op>]")
             first = tuple(parse_op(t) for t in arg[len("first="):].split(">"))
         return cls(tuple(parse_op(t) for t in body.split(">")), feedback, first)
 
@@ -258,7 +262,8 @@ class CompressionConfig:
                 raise ValueError(f"boundary index {b!r}; accepted: an integer >= 0")
             fixed[b] = o if isinstance(o, BoundaryOverride) else BoundaryOverride(**o)
         object.__setattr__(self, "boundaries", dict(sorted(fixed.items())))
-        grads = [("grad", self.gradients)] + [(f"b{b}.grad", o.gradients) for b, o in self.boundaries.items() if o.gradients]
+        grads = [("grad", self.gradients)] + [(f"b{b}.grad", o.gradients) for b, o in self.boundaries.items()
+                                              if o.gradients]
         for key, spec in grads:
             if spec.learns_from_grad:
                 raise ValueError(f"{key}={spec}: this operator learns from the gradient that comes back for what it "
@@ -335,7 +340,8 @@ def parse_spec(text: str) -> CompressionConfig:
     """`topk:0.1`, `act=int8,grad=topk:0.1+ef`, `act=int8,grad=int8,b2.grad=bf16,warmup=100`, `safe`."""
     items = [t.strip() for t in text.split(",")]
     if not text.strip() or any(not t for t in items):
-        raise ValueError(f"malformed pp_compress spec {text!r}: empty item; e.g. 'topk:0.1' or 'act=int8,grad=topk:0.1+ef'")
+        raise ValueError(f"malformed pp_compress spec {text!r}: empty item; e.g. 'topk:0.1' or "
+                         "'act=int8,grad=topk:0.1+ef'")
     preset = items[0] if items[0] in PRESETS else None
     items = expand(items)
     kwargs: dict[str, Any] = {}

@@ -159,10 +159,12 @@ class AQSGD(_Wrapper):
             )
         ids = [int(i) for i in ctx.sample_ids.reshape(-1).tolist()]
         if len(ids) != batch or len(set(ids)) != len(ids):
-            raise ValueError(f"{ctx.name}: +aqsgd got sample ids {ids} for a batch of {batch}; need {batch} distinct ids")
+            raise ValueError(f"{ctx.name}: +aqsgd got sample ids {ids} for a batch of {batch}; need {batch} distinct "
+                             "ids")
         return ids
 
-    def _split(self, ctx: Context, shape: tuple[int, ...], table: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
+    def _split(self, ctx: Context, shape: tuple[int, ...],
+               table: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
         """(ids, rows with a buffer, rows sent raw) by one side's buffers; a buffer of another
         shape (e.g. a new sequence length) counts as a first visit on both sides alike."""
         ids = self._ids(ctx, shape[0])
@@ -177,7 +179,8 @@ class AQSGD(_Wrapper):
         # A receiver asks before decoding; a sender (or an in-process pair) before encoding.
         _, old, new = self._split(ctx, tuple(shape), self.recv if ctx.sample_key in self.recv else self.send)
         rest = tuple(shape[1:])
-        return self._first_layout((len(new),) + rest, dtype, ctx) + self.inner.wire_layout((len(old),) + rest, dtype, ctx)
+        return (self._first_layout((len(new),) + rest, dtype, ctx)
+                + self.inner.wire_layout((len(old),) + rest, dtype, ctx))
 
     def _first_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context) -> Layout:
         """The first-visit rows' tensors: the rows themselves, or the first-visit compressor's payload."""
@@ -193,7 +196,8 @@ class AQSGD(_Wrapper):
         ids, old, new = self._split(ctx, tuple(x.shape), self.send)
         buf = self.send.setdefault(ctx.sample_key, {})
         acc = _acc_dtype(x.dtype)
-        base = torch.stack([buf[ids[i]] for i in old]) if old else x.new_zeros((0,) + x.shape[1:], dtype=acc)  # (n_old, ...)
+        base = (torch.stack([buf[ids[i]] for i in old]) if old
+                else x.new_zeros((0,) + x.shape[1:], dtype=acc))  # (n_old, ...)
         delta = _fit(self, x[old].to(acc) - base, x.dtype)  # (n_old, ...)
         inner = self.inner.encode(delta, self._sub(ctx, old))
         if self.first is None:
@@ -214,7 +218,8 @@ class AQSGD(_Wrapper):
         first, rest = payload.tensors[:n], payload.tensors[n:]
         raw = first[0] if self.first is None else self.first.decode(
             Payload(tuple(first), torch.Size((len(new),) + rows), payload.dtype), self._sub(ctx, new))  # (n_new, ...)
-        delta = self.inner.decode(Payload(tuple(rest), torch.Size((len(old),) + rows), payload.dtype), self._sub(ctx, old))
+        delta = self.inner.decode(Payload(tuple(rest), torch.Size((len(old),) + rows), payload.dtype),
+                                  self._sub(ctx, old))
         base = torch.stack([buf[ids[i]] for i in old]) if old else delta.to(_acc_dtype(delta.dtype))
         return self._update(buf, ids, old, new, base, delta, raw)
 

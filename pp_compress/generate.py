@@ -116,7 +116,8 @@ class PipelineGenerator:
             raise ValueError("every prompt needs at least one token")
         if self.context is not None and longest + max_new_tokens > self.context:
             raise ValueError(f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} is longer than the "
-                             f"model's context of {self.context} positions; shorten the prompt or generate fewer tokens")
+                             f"model's context of {self.context} positions; shorten the prompt or generate fewer "
+                             "tokens")
         pad = torch.tensor([longest - n for n in lens], device=self.device)  # (B,) left padding
         ids = None
         if self.index == 0:
@@ -136,8 +137,10 @@ class PipelineGenerator:
             nxt = torch.zeros(b + 1, dtype=torch.long, device=self.device)  # (B + 1,): tokens, then the done flag
             if logits is not None:
                 last = logits[:, -1].float()  # (B, V)
-                tok = (torch.multinomial(torch.softmax(last / temperature, -1), 1, generator=gen)[:, 0] if temperature > 0
-                       else last.argmax(-1))
+                if temperature > 0:
+                    tok = torch.multinomial(torch.softmax(last / temperature, -1), 1, generator=gen)[:, 0]  # (B,)
+                else:
+                    tok = last.argmax(-1)  # (B,)
                 tok = torch.where(done, torch.full_like(tok, pad_token), tok)
                 if stop_token is not None:
                     done |= tok == stop_token

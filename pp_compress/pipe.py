@@ -55,7 +55,8 @@ class StageCompression:
         self.defer_on_cpu = defer_on_cpu
         for b in cfg.boundaries:
             if b >= num_stages - 1:
-                raise ValueError(f"pp_compress override for boundary {b}, but {num_stages} stages have boundaries 0..{num_stages - 2}")
+                raise ValueError(f"pp_compress override for boundary {b}, but {num_stages} stages have boundaries "
+                                 f"0..{num_stages - 2}")
         self.policy = BoundaryPolicy(cfg)
         self.stats: dict[str, DirectionStats] = {}
         self._act_floats: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
@@ -90,8 +91,9 @@ class StageCompression:
                                  "the sample ids, e.g. (hidden, sample_ids); see README 'Sample ids'")
             if view is not None and view[1] is None and op.batch_grouped():
                 raise ValueError(f"{ctx.name}: tensor {i} travels as a tensor-parallel slice of shape {view[0]} that "
-                                 f"holds no whole samples, and {op.spec} groups per sample; use a per-row operator (e.g. "
-                                 "int8, topk:<r>:per=row) or a sequence length divisible by the tensor-parallel size")
+                                 f"holds no whole samples, and {op.spec} groups per sample; use a per-row operator "
+                                 "(e.g. int8, topk:<r>:per=row) or a sequence length divisible by the "
+                                 "tensor-parallel size")
         return op, ctx
 
     # --- compression ------------------------------------------------------------------------
@@ -155,8 +157,9 @@ class StageCompression:
             out.append((i, torch.empty(sum(s.nbytes for s in layout), dtype=torch.uint8, device=device)))
         return out
 
-    def decode(self, specs: list[TensorSpec], where: Where, plain: list[Tensor | None], buffers: list[tuple[int, Tensor]],
-               sample_ids: Tensor | None = None, views: Views | None = None) -> list[Tensor]:
+    def decode(self, specs: list[TensorSpec], where: Where, plain: list[Tensor | None],
+               buffers: list[tuple[int, Tensor]], sample_ids: Tensor | None = None,
+               views: Views | None = None) -> list[Tensor]:
         """The tuple in `specs` order from the plain tensors and the received float buffers (`recv_buffers`)."""
         ids, seen = self._known(specs, plain, sample_ids, views)
         timed = self.policy.measures_error(where)  # on an accelerator, the sender's sampled messages are timed here too
@@ -172,7 +175,8 @@ class StageCompression:
             stats = self._stats(where)
             span = stats.start(buf.device, timed)
             layout = op.layout(shape, spec.dtype, ctx)
-            out[i] = decode_received(op, from_buffer(buf, layout, torch.Size(shape), spec.dtype), ctx).reshape(spec.shape)
+            payload = from_buffer(buf, layout, torch.Size(shape), spec.dtype)
+            out[i] = decode_received(op, payload, ctx).reshape(spec.shape)
             stats.stop(span, "decompress")
         if where.direction == "grad" and where.training:
             self._observe(out, where, sample_ids)  # type: ignore[arg-type]
@@ -208,7 +212,8 @@ class StageCompression:
 
     def _observe(self, grads: list[Tensor], where: Where, sample_ids: Tensor | None) -> None:
         """Hand the gradients that came back to the activation operator that sent their tensors (mdtopk learns from
-        them; for every other operator it does nothing). The j-th float gradient belongs to the j-th float activation."""
+        them; for every other operator it does nothing). The j-th float gradient belongs to the j-th float
+        activation."""
         act, floats = self.policy.built(where.boundary, "act"), self._act_floats.get(where.boundary)
         if act is None or floats is None:
             return
@@ -230,8 +235,8 @@ def decode_received(op: Compressor, payload: Payload, ctx: Context) -> Tensor:
         return op.decompress(payload, ctx)
     except (IndexError, RuntimeError, ValueError) as e:
         raise ValueError(f"{ctx.name}: the message received at step {ctx.step} (micro-batch {ctx.micro_batch}) does "
-                         f"not decode with {op.spec} ({type(e).__name__}: {str(e).splitlines()[0][:200]}): it is corrupt, "
-                         "or its sender runs another config") from e
+                         f"not decode with {op.spec} ({type(e).__name__}: {str(e).splitlines()[0][:200]}): it is "
+                         "corrupt, or its sender runs another config") from e
 
 
 def _wire(t: Tensor) -> Tensor:

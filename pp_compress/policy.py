@@ -49,7 +49,8 @@ class Where:
 
 class BoundaryPolicy:
     """Builds each boundary's operators once (an inference spec equal to the training one shares its operator) and
-    decides per tensor: floating point, at least min_numel elements, past the warm-up (`CompressionConfig.compresses`)."""
+    decides per tensor: floating point, at least min_numel elements, past the warm-up
+    (`CompressionConfig.compresses`)."""
 
     def __init__(self, cfg: CompressionConfig) -> None:
         self.cfg = cfg
@@ -157,7 +158,9 @@ class BoundaryPolicy:
 
     def plan(self, spec: TensorSpec, where: Where) -> Compressor | None:
         """The operator that compresses a tensor of this shape and dtype here, or None: it travels as it is."""
-        if spec.dtype not in FLOAT_DTYPES or not self.cfg.compresses(spec.numel, spec.dtype, where.step, where.training):
+        if spec.dtype not in FLOAT_DTYPES:
+            return None
+        if not self.cfg.compresses(spec.numel, spec.dtype, where.step, where.training):
             return None
         return self.plan_op(where)
 

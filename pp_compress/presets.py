@@ -34,7 +34,8 @@ class Verdict:
     spec: str
     """The setting as typed (a spec string; presets are expanded before comparing)."""
     model: str
-    """The testbed: 'small GPT' (4.2M parameters, 1,000 steps of pretraining) or 'SmolLM2-135M' (continued pretraining)."""
+    """The testbed: 'small GPT' (4.2M parameters, 1,000 steps of pretraining) or 'SmolLM2-135M' (continued
+    pretraining)."""
     bits: float
     """Bits per element on the wire, averaged over both directions (codes and scales against the dense tensor)."""
     delta: float

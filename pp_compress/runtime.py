@@ -28,7 +28,8 @@ def load_json(config: dict | str | None) -> dict:
     return dict(config or {})
 
 
-def resolve_config(config: dict | str | None, compression: CompressionConfig | str | dict | None) -> tuple[dict, CompressionConfig]:
+def resolve_config(config: dict | str | None,
+                   compression: CompressionConfig | str | dict | None) -> tuple[dict, CompressionConfig]:
     """Split an engine config (dict or JSON path) into (the engine's part, CompressionConfig); `compression` wins over
     the config's "pp_compress" section."""
     rest = load_json(config)
@@ -42,7 +43,8 @@ def resolve_config(config: dict | str | None, compression: CompressionConfig | s
         return rest, parse_spec(chosen)
     if isinstance(chosen, dict):
         return rest, CompressionConfig.from_dict(chosen)
-    raise TypeError(f"compression={chosen!r}; accepted: a spec string, a dict like the '{SECTION}' section, or CompressionConfig")
+    raise TypeError(f"compression={chosen!r}; accepted: a spec string, a dict like the '{SECTION}' section, or "
+                    "CompressionConfig")
 
 
 def launch_rank() -> int:
@@ -140,15 +142,18 @@ def load_state(stage: Any, checkpoint_dir: str, rank: int) -> None:
     and its layout and config are checked; any failure is one error that names the file."""
     path = state_file(checkpoint_dir, rank)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} is missing: checkpoint was not written by pp_compress (or by another topology)")
+        raise FileNotFoundError(f"{path} is missing: checkpoint was not written by pp_compress (or by another "
+                                "topology)")
     try:
         state = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:  # noqa: BLE001 - pickle's errors name opcodes and globals, not what is wrong with the file
         raise ValueError(f"{path}: not a pp_compress state file that can be read safely ({type(e).__name__}: "
                          f"{str(e).splitlines()[0][:200]}); it may be corrupt, truncated or hold code") from None
-    if not isinstance(state, dict) or not isinstance(state.get("config"), str) or not isinstance(state.get("ops"), dict):
+    if (not isinstance(state, dict) or not isinstance(state.get("config"), str)
+            or not isinstance(state.get("ops"), dict)):
+        keys = " with keys " + str(sorted(map(str, state))) if isinstance(state, dict) else ""
         raise ValueError(f"{path}: not a pp_compress state file (expected a dict with 'config' and 'ops'); got "
-                         f"{type(state).__name__}{' with keys ' + str(sorted(map(str, state))) if isinstance(state, dict) else ''}")
+                         f"{type(state).__name__}{keys}")
     if state.get("format", STATE_FORMAT) != STATE_FORMAT:  # files before the format field have this layout too
         raise ValueError(f"{path}: state format {state['format']!r}; this pp_compress reads format {STATE_FORMAT}")
     try:

@@ -44,8 +44,9 @@ def self_check(stage: int, stages: int, device: torch.device, exchange: Callable
     ops: list[Op] = []
     received: list[tuple[int, str, Where, list[tuple[int, Tensor]]]] = []
     # (peer, boundary, direction) in the chain-safe order: from the previous stage and to the next, then backwards
-    for peer, boundary, direction, incoming in ((stage - 1, stage - 1, "act", True), (stage + 1, stage, "act", False),
-                                                (stage + 1, stage, "grad", True), (stage - 1, stage - 1, "grad", False)):
+    chain = ((stage - 1, stage - 1, "act", True), (stage + 1, stage, "act", False),
+             (stage + 1, stage, "grad", True), (stage - 1, stage - 1, "grad", False))
+    for peer, boundary, direction, incoming in chain:
         if not 0 <= peer < stages:
             continue
         where = Where(boundary, direction, 0, 0, True)

@@ -57,8 +57,9 @@ class CompressedPipelineStage(PipelineStage):
         for spec in (cfg.activations, cfg.gradients, *(o for b in cfg.boundaries.values()
                                                        for o in (b.activations, b.gradients) if o)):
             if spec.feedback == "aqsgd":
-                raise NotImplementedError(f"{spec}: +aqsgd needs sample ids in the tuple that crosses a boundary, which "
-                                          "torch.distributed.pipelining stages do not carry; use +ef / +ef21 or none")
+                raise NotImplementedError(f"{spec}: +aqsgd needs sample ids in the tuple that crosses a boundary, "
+                                          "which torch.distributed.pipelining stages do not carry; use +ef / +ef21 or "
+                                          "none")
         check_same_config(cfg, self.group)
         ranks = dist.get_world_size(self.group)
         if cfg.auto and num_stages != ranks:
@@ -122,8 +123,8 @@ class CompressedPipelineStage(PipelineStage):
         if not dsts:
             return []
         if dsts != {self.stage_index + 1}:
-            raise NotImplementedError(f"stage {self.stage_index} sends to stages {sorted(dsts)}; pp_compress compresses "
-                                      "the traffic of a linear pipeline (stage i to i + 1)")
+            raise NotImplementedError(f"stage {self.stage_index} sends to stages {sorted(dsts)}; pp_compress "
+                                      "compresses the traffic of a linear pipeline (stage i to i + 1)")
         where = self._where(self.stage_index, "act", fwd_chunk_id)
         bufs = self.pp_compress.encode([t.detach() for t in outputs], where)
         return [P2POp(isend, buf, self._peer(self.stage_index + 1), self.group) for _, buf in bufs]

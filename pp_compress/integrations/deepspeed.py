@@ -144,7 +144,8 @@ class _Compressed:
         tag = f"global_step{self.global_steps}" if tag is None else str(tag)
         # Before super(): it ends with a barrier and writes `latest` last, so no rank sees a partial checkpoint.
         save_state(self.pp_compress, os.path.join(save_dir, tag), self.global_rank)
-        return super().save_checkpoint(save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest, **kwargs)
+        return super().save_checkpoint(save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest,
+                                       **kwargs)
 
     def load_checkpoint(self, load_dir: str, tag: Any = None, **kwargs: Any) -> Any:
         load_path, client_state = super().load_checkpoint(load_dir, tag=tag, **kwargs)
@@ -182,7 +183,8 @@ class CompressedPipelineEngine(_Compressed, _OneBackwardPass):
     def pp_compress_setup(self, cfg: CompressionConfig) -> None:
         if self.is_grad_partitioned and not self.is_pipe_partitioned:
             raise NotImplementedError("pipeline.grad_partitioned without pipe_partitioned is not supported (DeepSpeed "
-                                      "itself rebuilds the partitioned output only when both are set); set both or neither")
+                                      "itself rebuilds the partitioned output only when both are set); set both or "
+                                      "neither")
         check_same_config(cfg)
         self.pp_compress = StageCompression(cfg, self.stage_id, self.num_stages)
         self._pp_mb: dict[str, int] = {}
@@ -230,10 +232,11 @@ class CompressedPipelineEngine(_Compressed, _OneBackwardPass):
         self.pipe_buffers["inputs"][buffer_id] = tuple(recvd) if self._pp_act_tuple else recvd[0]
 
     def _exec_send_grads(self, buffer_id: int) -> None:
-        inputs = self.pipe_buffers["inputs"][buffer_id]  # the full first input when pipe-partitioned (forward rebuilt it)
+        inputs = self.pipe_buffers["inputs"][buffer_id]  # pipe-partitioned: the full first input (forward rebuilt it)
         grads = [inputs.grad] if torch.is_tensor(inputs) else [t.grad for t in inputs if t.is_floating_point()]
         if any(g is None for g in grads):
-            raise RuntimeError(f"stage {self.stage_id}: a floating-point input received no gradient; cannot send it back")
+            raise RuntimeError(f"stage {self.stage_id}: a floating-point input received no gradient; cannot send it "
+                               "back")
         if self.is_grad_partitioned:  # as DeepSpeed: (meta, this rank's 1/TP slice of the first gradient, *rest)
             part = PartitionedTensor(tensor=grads[0], group=self.grid.get_slice_parallel_group())
             grads = [part.to_meta(), part.data(), *grads[1:]]
@@ -279,14 +282,16 @@ if DualPipeVEngine is not None:
         backward pass calls PipelineEngine's through super(), which this class's order makes `_OneBackwardPass`'s."""
 
         def pp_compress_setup(self, cfg: CompressionConfig) -> None:
-            specs = [cfg.activations, cfg.gradients, *(x for o in cfg.boundaries.values() for x in (o.activations, o.gradients) if x)]
+            specs = [cfg.activations, cfg.gradients,
+                     *(x for o in cfg.boundaries.values() for x in (o.activations, o.gradients) if x)]
             if any(spec.feedback == "aqsgd" for spec in specs):
-                raise NotImplementedError("+aqsgd under DualPipeV: its sample ids would have to be received before the payloads "
-                                          "they size, and DualPipeV posts a step's receives together; use +ef / +ef21 or none")
+                raise NotImplementedError("+aqsgd under DualPipeV: its sample ids would have to be received before "
+                                          "the payloads they size, and DualPipeV posts a step's receives together; use "
+                                          "+ef / +ef21 or none")
             if cfg.auto:
-                raise NotImplementedError(f"{cfg.auto} under DualPipeV: each rank holds two stages of the V, and auto's "
-                                          "link probes run between neighbouring stages one rank each; use a fixed "
-                                          "setting such as safe")
+                raise NotImplementedError(f"{cfg.auto} under DualPipeV: each rank holds two stages of the V, and "
+                                          "auto's link probes run between neighbouring stages one rank each; use a "
+                                          "fixed setting such as safe")
             check_same_config(cfg)
             self.pp_compress = StageCompression(cfg, self.stage_id, 2 * self.num_stages)
             self._pp_mb = {}
@@ -314,18 +319,22 @@ if DualPipeVEngine is not None:
             stage = self._upstream_stage(phase)
             if self._recv_specs[phase] is None:
                 meta = self._recv_tensor_meta(stage)
-                self._recv_specs[phase] = (torch.is_tensor(meta), [(t.shape, t.dtype) for t in ([meta] if torch.is_tensor(meta) else meta)])
+                metas = [meta] if torch.is_tensor(meta) else meta
+                self._recv_specs[phase] = (torch.is_tensor(meta), [(t.shape, t.dtype) for t in metas])
             is_tensor, shapes = self._recv_specs[phase]
             specs = [TensorSpec(tuple(shape), dtype) for shape, dtype in shapes]
-            self._post_recv("act", buffer_id, is_tensor, specs, self._at(self._model_stage(phase) - 1, "act", "recv_act", phase), stage)
+            where = self._at(self._model_stage(phase) - 1, "act", "recv_act", phase)
+            self._post_recv("act", buffer_id, is_tensor, specs, where, stage)
 
         def _exec_send_grads(self, buffer_id: int, phase: int) -> None:
             inputs = self.pipe_buffers["inputs"][buffer_id]
             grads = [t.grad for t in ([inputs] if torch.is_tensor(inputs) else inputs) if t.is_floating_point()]
             if any(g is None for g in grads):
-                raise RuntimeError(f"stage {self.stage_id}: a floating-point input received no gradient; cannot send it back")
+                raise RuntimeError(f"stage {self.stage_id}: a floating-point input received no gradient; cannot send "
+                                   "it back")
             where = self._at(self._model_stage(phase) - 1, "grad", "send_grad", phase)
-            self._queue_p2p(deepspeed.comm.isend, [b for _, b in self.pp_compress.encode(grads, where)], self._upstream_stage(phase))
+            self._queue_p2p(deepspeed.comm.isend, [b for _, b in self.pp_compress.encode(grads, where)],
+                            self._upstream_stage(phase))
             self.pipe_buffers["inputs"][buffer_id] = None
 
         def _exec_recv_grads(self, buffer_id: int, phase: int) -> None:
@@ -380,11 +389,13 @@ def initialize(model: PipelineModule, config: dict | str | None = None,
     """Drop-in for deepspeed.initialize that returns a CompressedPipelineEngine (CompressedDualPipeVEngine for a
     DualPipeVModule)."""
     if not isinstance(model, PipelineModule):
-        raise TypeError(f"pp_compress compresses pipeline traffic: model must be a deepspeed.pipe.PipelineModule, got {type(model).__name__}")
+        raise TypeError("pp_compress compresses pipeline traffic: model must be a deepspeed.pipe.PipelineModule, got "
+                        f"{type(model).__name__}")
     TESTED.check(deepspeed.__version__)
     ds_config, cfg = resolve_config(config, compression)
     dualpipev = DualPipeVModule is not None and isinstance(model, DualPipeVModule)
-    name, engine = ("DualPipeVEngine", CompressedDualPipeVEngine) if dualpipev else ("PipelineEngine", CompressedPipelineEngine)
+    name, engine = (("DualPipeVEngine", CompressedDualPipeVEngine) if dualpipev
+                    else ("PipelineEngine", CompressedPipelineEngine))
     saved = getattr(deepspeed, name)
     setattr(deepspeed, name, engine)  # deepspeed.initialize builds the engine class by this package-level name
     try:
@@ -417,11 +428,11 @@ def enable() -> None:
         if SECTION not in load_json(config):
             return stock(*args, **kwargs)
         if not isinstance(bound.get("model"), PipelineModule):
-            notice("not-pipeline", f"pp_compress: the DeepSpeed config has a \"{SECTION}\" section, but this model is a "
-                                   f"{type(bound.get('model')).__name__}, not a PipelineModule: no pipeline traffic to "
-                                   "compress, DeepSpeed runs it unchanged")
+            notice("not-pipeline", f"pp_compress: the DeepSpeed config has a \"{SECTION}\" section, but this model is "
+                                   f"a {type(bound.get('model')).__name__}, not a PipelineModule: no pipeline traffic "
+                                   "to compress, DeepSpeed runs it unchanged")
             return stock(*args, **kwargs)
-        if getattr(ds_args, "deepspeed_config", None) is not None:  # DeepSpeed would read the file again, section and all
+        if getattr(ds_args, "deepspeed_config", None) is not None:  # DeepSpeed would read the file again, section too
             ds_args = copy.copy(ds_args)
             ds_args.deepspeed_config = None
         rest = {k: v for k, v in bound.items() if k not in ("args", "model", "config", "config_params")}
@@ -478,5 +489,6 @@ def add_argparse_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     line is parsed: a bad one stops the job at once with one message. Validate the config section too right after
     parsing, with `check_args(args)`."""
     parser.add_argument("--pp-compress", dest="pp_compress", default=None, metavar="SPEC", type=spec_arg,
-                        help="e.g. safe, int8 or 'act=int8,grad=int3:stoch'; wins over the config's \"pp_compress\" section")
+                        help="e.g. safe, int8 or 'act=int8,grad=int3:stoch'; wins over the config's \"pp_compress\" "
+                             "section")
     return parser

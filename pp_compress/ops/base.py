@@ -352,8 +352,8 @@ class Compressor(abc.ABC):
     def output_message(self, ctx: Context, dtype: torch.dtype) -> Callable[[], str]:
         """The error of a decoded NaN/Inf under nonfinite="raise" (the sender's input was finite)."""
         return lambda: (
-            f"{ctx.name}: {self.spec} decoded finite input to NaN/Inf at step {ctx.step}: the message is corrupt, or the "
-            f"reconstruction does not fit {dtype} (largest finite {torch.finfo(dtype).max:.4g}; then send this "
+            f"{ctx.name}: {self.spec} decoded finite input to NaN/Inf at step {ctx.step}: the message is corrupt, or "
+            f"the reconstruction does not fit {dtype} (largest finite {torch.finfo(dtype).max:.4g}; then send this "
             "tensor in a wider dtype or use an operator whose output stays within the input's range)")
 
     def screens_input(self, x: Tensor) -> bool:
@@ -394,9 +394,9 @@ class Compressor(abc.ABC):
         if not ctx.batch_dim or not self.batch_grouped():
             return 0
         if len(shape) <= ctx.batch_dim:
-            raise ValueError(f"{ctx.name}: batch_dim={ctx.batch_dim} but the tensor has shape {shape}; {self.spec} groups "
-                             "per sample, so it needs the batch dim (set batch_dim to the dim that holds the batch, or "
-                             "raise min_numel so that small tensors pass uncompressed)")
+            raise ValueError(f"{ctx.name}: batch_dim={ctx.batch_dim} but the tensor has shape {shape}; {self.spec} "
+                             "groups per sample, so it needs the batch dim (set batch_dim to the dim that holds the "
+                             "batch, or raise min_numel so that small tensors pass uncompressed)")
         return ctx.batch_dim
 
     def _batch_first(self, fn: Any, payload: Payload, ctx: Context) -> Tensor:
@@ -453,7 +453,8 @@ class Compressor(abc.ABC):
         """The operator's spec string (worked out once per config: messages name it)."""
         cached = self.__dict__.get("_spec")
         if cached is None or cached[0] is not self.config:
-            cached = (self.config, str(self.config) if not isinstance(self.config, OpConfig) else format_op(self.config))
+            text = format_op(self.config) if isinstance(self.config, OpConfig) else str(self.config)
+            cached = (self.config, text)
             self.__dict__["_spec"] = cached
         return cached[1]
 

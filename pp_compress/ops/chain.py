@@ -52,7 +52,7 @@ class Chain(Compressor):
         return self.outer.decode(Payload(tuple(tensors), payload.shape, payload.dtype), ctx)
 
     def batch_grouped(self) -> bool:
-        return self.outer.batch_grouped()  # the inner operator sees the outer payload, where the batch dim means nothing
+        return self.outer.batch_grouped()  # the inner operator sees the outer payload: no batch dim there
 
     def observe(self, grad: Tensor, ctx: Context) -> None:
         self.outer.observe(grad, ctx)  # the outer operator saw the tensor the gradient belongs to

@@ -49,7 +49,8 @@ class Fp8(Compressor):
     def wire_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout:
         spec = TensorSpec(tuple(shape), dtype)
         groups, _ = group_dims(tuple(shape), self.config.per)
-        return [TensorSpec((spec.numel,), FP8_FORMATS[self.config.fmt]), TensorSpec((groups,), SCALE_DTYPES[self.config.scale])]
+        return [TensorSpec((spec.numel,), FP8_FORMATS[self.config.fmt]),
+                TensorSpec((groups,), SCALE_DTYPES[self.config.scale])]
 
     def _encode(self, x: Tensor, ctx: Context) -> Payload:
         fdt = FP8_FORMATS[self.config.fmt]

@@ -64,7 +64,8 @@ def build_name(flags: list[str]) -> str:
     macros = subprocess.run([cxx, *flags, "-dM", "-E", "-x", "c++", os.devnull], capture_output=True, text=True,
                             check=True).stdout
     h = hashlib.sha256()
-    parts = [*(p.read_bytes() for p in SOURCES), " ".join(flags).encode(), "\n".join(sorted(macros.splitlines())).encode(),
+    parts = [*(p.read_bytes() for p in SOURCES), " ".join(flags).encode(),
+             "\n".join(sorted(macros.splitlines())).encode(),
              f"{torch.__version__} {Path(torch.__file__).parent}".encode()]
     for part in parts:
         h.update(hashlib.sha256(part).digest())

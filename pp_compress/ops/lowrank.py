@@ -106,7 +106,8 @@ class LowRank(Compressor):
             y = torch.linalg.qr(m @ sketch).Q  # (B, rows, r + p)
             for _ in range(self.config.iters):
                 y = torch.linalg.qr(m @ torch.linalg.qr(m.transpose(1, 2) @ y).Q).Q
-            u, s, vh = torch.linalg.svd(y.transpose(1, 2) @ m, full_matrices=False)  # (B, r+p, r+p), (B, r+p), (B, r+p, cols)
+            # (B, r+p, r+p), (B, r+p), (B, r+p, cols)
+            u, s, vh = torch.linalg.svd(y.transpose(1, 2) @ m, full_matrices=False)
             u = y @ u[:, :, :r]  # (B, rows, r)
             sigma = s[:, :r]  # (B, r)
             v = vh[:, :r, :].transpose(1, 2)  # (B, cols, r)

@@ -62,8 +62,9 @@ class MDTopKConfig(OpConfig):
     LEARNS_FROM_GRAD: ClassVar[bool] = True
     FORMS: ClassVar[str] = (f"mdtopk:<ratio in (0,1]>[:mode={'|'.join(MODES)}][:lr=F][:decay=F]"
                             f"[:index={'|'.join(INDEX_MODES)}]")
-    EXAMPLES: ClassVar[tuple[str, ...]] = ("mdtopk:0.1", "mdtopk:0.2:mode=weighted_greedy", "mdtopk:0.3:mode=greedy_weighted",
-                                           "mdtopk:0.25:mode=stochastic", "mdtopk:0.5:mode=weighted_greedy:index=bitmap")
+    EXAMPLES: ClassVar[tuple[str, ...]] = ("mdtopk:0.1", "mdtopk:0.2:mode=weighted_greedy",
+                                           "mdtopk:0.3:mode=greedy_weighted", "mdtopk:0.25:mode=stochastic",
+                                           "mdtopk:0.5:mode=weighted_greedy:index=bitmap")
 
     ratio: float = 0.1
     """Fraction of the channels (greedy, greedy_weighted, stochastic) or of each row (weighted_greedy) that is kept."""
@@ -87,8 +88,8 @@ class MDTopKConfig(OpConfig):
         if self.index not in INDEX_MODES:
             raise ValueError(f"mdtopk index={self.index!r}; accepted: {', '.join(INDEX_MODES)}")
         if self.index != "auto" and self.mode != "weighted_greedy":
-            raise ValueError(f"mdtopk index={self.index!r} applies to mode=weighted_greedy only (the channel modes send "
-                             "k channel indices per tensor)")
+            raise ValueError(f"mdtopk index={self.index!r} applies to mode=weighted_greedy only (the channel modes "
+                             "send k channel indices per tensor)")
 
     def build(self) -> "MDTopK":
         return MDTopK(self)
@@ -212,8 +213,8 @@ def _inclusion(w: Tensor, k: int) -> Tensor:
 
 def _systematic(p: Tensor, u: Tensor, k: int) -> Tensor:
     """k positions by systematic sampling: position c is drawn iff an offset u + j (j = 0..k-1) falls in
-    [cum_{c-1}, cum_c), so P(c drawn) = p_c exactly when sum(p) = k and every p_c <= 1; sorted, and distinct up to rounding at
-    intervals of length exactly 1."""
+    [cum_{c-1}, cum_c), so P(c drawn) = p_c exactly when sum(p) = k and every p_c <= 1; sorted, and distinct up to
+    rounding at intervals of length exactly 1."""
     cum = torch.cumsum(p.double(), 0)  # (d,)
     cum = cum * (k / cum[-1])  # exact total k despite rounding
     at = torch.searchsorted(cum, u.double() + torch.arange(k, device=p.device, dtype=torch.float64), right=True)  # (k,)

@@ -25,8 +25,8 @@ from .base import (Compressor, Context, Layout, OpConfig, Payload, TensorSpec, e
                    new_flag, settle)
 from .bits import MAX_LEVELS, levels_nbytes, pack_levels, unpack_levels
 from . import fused, triton_nf
-from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, check_kernel, check_per, check_scale, from_groups, group_dims,
-                     round_scale, safe_scale, to_groups)
+from .groups import (PER_FORMS, SCALE_CODES, SCALE_DTYPES, check_kernel, check_per, check_scale, from_groups,
+                     group_dims, round_scale, safe_scale, to_groups)
 
 NF_BITS = (2, 3, 4, 5, 6, 7, 8)
 
@@ -65,8 +65,8 @@ class NormalFloatConfig(OpConfig):
 
     NAME: ClassVar[str] = "nf"
     POSITIONAL: ClassVar[str | None] = "levels"
-    FORMS: ClassVar[str] = (f"nf<b>[:per=P][:stoch][:scale=S][:kernel=fused|eager] (2**b levels, b in 2..8) or nf:<L>[...] (L levels, "
-                            f"3..{MAX_LEVELS}), P = {PER_FORMS}")
+    FORMS: ClassVar[str] = (f"nf<b>[:per=P][:stoch][:scale=S][:kernel=fused|eager] (2**b levels, b in 2..8) or "
+                            f"nf:<L>[...] (L levels, 3..{MAX_LEVELS}), P = {PER_FORMS}")
     EXAMPLES: ClassVar[tuple[str, ...]] = ("nf4", "nf4:per=block32", "nf3:stoch", "nf2:per=tensor", "nf8:scale=fp32",
                                            "nf4:per=channel:stoch", "nf5:scale=fp16", "nf2:stoch:per=block64",
                                            "nf:40", "nf:5:stoch", "nf:3:per=block32:stoch", "nf:100:per=channel",
@@ -200,8 +200,8 @@ class NormalFloat(Compressor):
         c = self.config
         shape = tuple(payload.shape)
         if group := self._device_group(payload.tensors[0], shape):
-            flag = new_flag(ctx, payload.tensors[0].device, FloatingPointError, self.output_message(ctx, payload.dtype)) \
-                if self.nonfinite == "raise" else None
+            flag = (new_flag(ctx, payload.tensors[0].device, FloatingPointError,
+                             self.output_message(ctx, payload.dtype)) if self.nonfinite == "raise" else None)
             lv, _ = _table(c.levels, payload.tensors[0].device)
             out = triton_nf.decode(payload.tensors[0], lv, payload.tensors[1], shape, payload.dtype, group,
                                    c.levels.bit_length() - 1, flag)

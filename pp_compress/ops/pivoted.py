@@ -57,7 +57,8 @@ def pivot_layout(dm: Dims, dtype: torch.dtype) -> list[TensorSpec]:
     return [TensorSpec((dm.rows * dm.pivots,), dtype), TensorSpec((dm.rows * dm.pivots,), torch.int16)]
 
 
-def split(x: Tensor, dm: Dims, size: int, rot: bool, ctx: Context, salt: str, fused: bool) -> tuple[Tensor, list[Tensor]]:
+def split(x: Tensor, dm: Dims, size: int, rot: bool, ctx: Context, salt: str,
+          fused: bool) -> tuple[Tensor, list[Tensor]]:
     """(tiles (dm.tiles, size) fp32 with the pivots zeroed and rotated if `rot`, [pivot values, int16 positions]).
     `fused`: on a CUDA device, one kernel (ops/triton_pivoted.py), the same bits."""
     rows, d, tiles, k = dm

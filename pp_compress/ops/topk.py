@@ -14,7 +14,8 @@ from torch import Tensor
 
 from .bits import pack_bits, packed_nbytes, unpack_bits
 from .base import Compressor, Context, Layout, OpConfig, Payload, TensorSpec
-from .sparse import SPARSE_PER, check_sparse, from_wire_index, index_dtype, keep_count, scatter, sparse_groups, to_wire_index
+from .sparse import (SPARSE_PER, check_sparse, from_wire_index, index_dtype, keep_count, scatter, sparse_groups,
+                     to_wire_index)
 
 INDEX_MODES = ("auto", "index", "bitmap")
 
@@ -27,8 +28,8 @@ class TopKConfig(OpConfig):
     POSITIONAL: ClassVar[str | None] = "ratio"
     FORMS: ClassVar[str] = f"topk:<ratio in (0,1]>[:per={'|'.join(SPARSE_PER)}][:index={'|'.join(INDEX_MODES)}]"
     POSITIONAL_REQUIRED: ClassVar[bool] = True
-    EXAMPLES: ClassVar[tuple[str, ...]] = ("topk:0.1", "topk:0.3:per=row", "topk:0.05:per=tensor", "topk:0.5:index=bitmap",
-                                           "topk:0.01:index=index")
+    EXAMPLES: ClassVar[tuple[str, ...]] = ("topk:0.1", "topk:0.3:per=row", "topk:0.05:per=tensor",
+                                           "topk:0.5:index=bitmap", "topk:0.01:index=index")
 
     ratio: float = 0.1
     """Fraction of each group's elements that is kept."""
@@ -65,7 +66,8 @@ class TopK(Compressor):
 
     def wire_layout(self, shape: tuple[int, ...], dtype: torch.dtype, ctx: Context | None = None) -> Layout:
         groups, size, k, idx_dtype = self._plan(tuple(shape))
-        where = TensorSpec((packed_nbytes(groups * size, 1),), torch.uint8) if idx_dtype is None else TensorSpec((groups, k), idx_dtype)
+        where = (TensorSpec((packed_nbytes(groups * size, 1),), torch.uint8) if idx_dtype is None
+                 else TensorSpec((groups, k), idx_dtype))
         return [TensorSpec((groups, k), dtype), where]
 
     def _encode(self, x: Tensor, ctx: Context) -> Payload:

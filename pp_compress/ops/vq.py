@@ -353,7 +353,8 @@ def main() -> None:
             v = probe[:, :dim].float()
             err = (cb[nearest(v, cb).long()] - v).pow(2).mean()
             books[f"{dim}x{b}"], mse[f"{dim}x{b}"] = cb.tolist(), round(float(err), 6)
-            print(f"dim {dim}, {b}-bit codes ({b / dim:g} bits per element): MSE on N(0, 1) {float(err):.5f}", flush=True)
+            print(f"dim {dim}, {b}-bit codes ({b / dim:g} bits per element): MSE on N(0, 1) {float(err):.5f}",
+                  flush=True)
     args.out.write_text(json.dumps({"generator": "python -m pp_compress.ops.vq", "mse_on_unit_gaussian": mse,
                                     "codebooks": books}, indent=0) + "\n")
 
