@@ -161,6 +161,9 @@ def measure(route: str, cfg: GPTConfig, ckpt: Path | None, bases: dict[int, Basi
     it, losses, first = data.batches(train_ds, sa.micro_batch, sa.seed), [], 0
     if route != "late" and state.exists():  # the late route's refit changes its modules: it starts again
         saved = torch.load(state, weights_only=True)
+        if saved["plan"] != (plan.k, plan.steps, plan.fade, plan.every):
+            raise SystemExit(f"{state} holds a route stopped under --k/--steps/--fade/--every {saved['plan']}, not "
+                             f"{(plan.k, plan.steps, plan.fade, plan.every)}: rerun with those, or delete it")
         holder.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
         schedule.load_state_dict(saved["schedule"])
@@ -193,7 +196,8 @@ def measure(route: str, cfg: GPTConfig, ckpt: Path | None, bases: dict[int, Basi
             if route != "late":
                 state.parent.mkdir(parents=True, exist_ok=True)
                 torch.save({"model": holder.state_dict(), "opt": opt.state_dict(), "schedule": schedule.state_dict(),
-                            "out": out, "losses": losses, "step": step + 1}, state.with_suffix(".tmp"))
+                            "out": out, "losses": losses, "step": step + 1,
+                            "plan": (plan.k, plan.steps, plan.fade, plan.every)}, state.with_suffix(".tmp"))
                 state.with_suffix(".tmp").replace(state)  # a crash while saving keeps the previous state
     step_s = (time.perf_counter() - t0) / max(1, plan.steps - first)
     out.update(train_loss=losses, lr=opt.param_groups[0]["lr"], step_s=step_s, end=val_loss())

@@ -136,6 +136,8 @@ def test_a_route_stopped_part_way_resumes_from_its_last_evaluation_and_ends_wher
         bd.measure("fade", cfg, None, random_bases(), p, ds, sa, lambda layers: {})
     assert (tmp_path / "fade.pt").exists()
     monkeypatch.setattr(bd, "lm_loss", real)
+    with pytest.raises(SystemExit, match=r"--k/--steps/--fade/--every \(16, 3, 2, 1\), not \(16, 3, 1, 1\)"):
+        bd.measure("fade", cfg, None, random_bases(), plan(tmp_path, every=1, fade=1), ds, sa, lambda layers: {})
     resumed = bd.measure("fade", cfg, None, random_bases(), p, ds, sa, lambda layers: {})
     assert resumed["train_loss"] == whole["train_loss"] and resumed["curve"] == whole["curve"]
     assert resumed["end"] == whole["end"] and resumed["start"] == whole["start"]
