@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from pp_lab import data, train
+from pp_lab.bench.bottleneck_gap import evals
 from pp_lab.bottleneck import Basis, Decoder, Encoder, calibrate
 from pp_lab.convert import DEFAULT_OUT
 from pp_lab.eval.study import SM_COMMON
@@ -233,23 +234,20 @@ def table(rows: dict[str, dict[str, Any]], steps: int, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def study_curve(path: Path) -> dict[int, float]:
-    """Validation loss by step from a study run's metrics.jsonl (its `eval` lines)."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {r["step"]: r["val_loss"] for r in rows if r.get("kind") == "eval"}
+def route_curve(row: dict[str, Any]) -> dict[int, float]:
+    """step -> validation loss of a route measured along the way (its evaluations and its end)."""
+    return {int(s): v for s, v in row["curve"].items()} | {row["steps"]: row["end"]}
 
 
 def curve_table(rows: dict[str, dict[str, Any]], against: dict[str, dict[int, float]]) -> str:
     """The markdown of the loss along training (bypass at 0) of the routes evaluated on the way, beside study runs'
     losses at the same steps (the harness trains as the study does), and each one's gap to `none` where it has one."""
-    curves = {f"`{n}`": {int(s): v for s, v in r["curve"].items()} | {r["steps"]: r["end"]}
-              for n, r in rows.items() if r.get("curve")}
+    curves = {f"`{n}`": route_curve(r) for n, r in rows.items() if r.get("curve")}
     if not curves:
         return ""
     steps = sorted({s for c in curves.values() for s in c})
     curves |= {f"{n} (study run)": {s: c[s] for s in steps if s in c} for n, c in against.items()}
-    base = against.get("none") or ({int(s): v for s, v in rows["none"]["curve"].items()} | {rows["none"]["steps"]:
-                                   rows["none"]["end"]} if "none" in rows and rows["none"].get("curve") else None)
+    base = against.get("none") or (route_curve(rows["none"]) if rows.get("none", {}).get("curve") else None)
     head = "| | " + " | ".join(f"step {s}" for s in steps) + " |"
     lines = ["", "Validation loss along training, with any bypass at 0 (as the route would serve); in brackets the gap "
              "to `none` at the same step:", "", head, "|---" * (len(steps) + 1) + "|"]
@@ -290,7 +288,7 @@ def main() -> None:
         name, _, path = item.partition("=")
         if not name or not Path(path).is_file():
             ap.error(f"--against {item!r}; accepted: NAME=PATH of an existing metrics.jsonl")
-        against[name] = study_curve(Path(path))
+        against[name] = evals(Path(path))
     torch.set_num_threads(args.threads)
     routes = args.route or list(ROUTES)
     for r in routes:

@@ -149,7 +149,7 @@ def test_the_curve_table_puts_study_runs_beside_the_routes_and_gives_gaps_to_non
     metrics.write_text('{"kind": "eval", "step": 25, "val_loss": 3.5}\n{"kind": "train", "step": 25}\n'
                        '{"kind": "eval", "step": 50, "val_loss": 3.4}\n')
     rows = {"fade": {"steps": 50, "curve": {"25": 3.7}, "end": 3.45}, "both": {"steps": 50, "end": 3.6}}
-    md = bd.curve_table(rows, {"none": bd.study_curve(metrics)})
+    md = bd.curve_table(rows, {"none": bd.evals(metrics)})
     assert "| | step 25 | step 50 |" in md
     assert "| `fade` | 3.700 (+0.200) | 3.450 (+0.050) |" in md
     assert "| none (study run) | 3.500 (+0.000) | 3.400 (+0.000) |" in md
