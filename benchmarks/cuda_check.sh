@@ -8,9 +8,11 @@
 #    bandwidth, at a Megatron-sized activation (8x1024x2048) and an inference message (16 tokens x 576), fp32 and bf16;
 #    the device kernels (ops/triton_int.py, triton_nf.py, triton_vq.py, triton_pivoted.py) next to the eager
 #    reference (:kernel=eager);
-#    the rotated int and vq kernels with 1, 2 and 4 rows per program (triton_int.ROWS_PER_PROGRAM: the signs shared);
+#    the rotated int and vq kernels with their rotation's signs hashed in every program and read from a table made
+#    once per message (triton_int.SIGN_TABLE_ROWS), at both sizes;
 # 3. benchmarks/vq_search.py: vq's device encoder with its pruned search next to the exhaustive one, and its parts;
-#    benchmarks/codec_profile.py: kernels launched and host synchronizations per encode + decode round;
+#    benchmarks/codec_profile.py: kernels launched and host synchronizations per encode + decode round, and the kernel
+#    time of the rotated specs with the signs hashed and from the table;
 # 4. benchmarks/host_overhead.py: the host's µs per encode / decode call, back-to-back rounds next to copy_, and a
 #    training micro-batch through an in-process boundary; and cProfile's view of `safe`'s host time there;
 # 5. benchmarks/train_step.py: the codec's share of a SmolLM2-135M training step with boundaries at the study's three
@@ -45,8 +47,9 @@ step 100 python3 benchmarks/ops.py --device cuda --spec bf16 --spec int8 --spec 
     --spec int4:per=block64:kernel=eager --shape 8x1024x2048 \
     --shape 1x16x576 --dtype fp32 --dtype bf16 --reps 20 \
     --out "$out/ops_cuda"
-step 50 python3 benchmarks/ops.py --device cuda --spec int8:rot --spec int4:rot --spec vq:4 --shape 8x1024x2048 --dtype fp32 \
-    --dtype bf16 --reps 20 --rows-per-program 1 --rows-per-program 2 --rows-per-program 4 --out "$out/ops_rows_per_program"
+step 50 python3 benchmarks/ops.py --device cuda --spec int8:rot --spec int4:rot --spec vq:4 --shape 8x1024x2048 \
+    --shape 1x16x576 --dtype fp32 --dtype bf16 --reps 20 --sign-table-rows off --sign-table-rows 0 \
+    --out "$out/ops_sign_table"
 step 45 python3 benchmarks/vq_search.py --parts --spec vq:4 --spec vq:3 --shape 8x1024x2048 --shape 16x576 --reps 10 \
     --out "$out/vq_search_cuda.md"
 specs="--spec bf16 --spec int8 --spec int8:rot --spec int4:rot --spec int3:stoch --spec nf6 --spec vq:4 --spec vq:3"
@@ -54,6 +57,9 @@ specs="$specs --spec tile:3.5"
 for dtype in fp32 bf16; do
     step 30 bash -c "set -o pipefail; python3 benchmarks/codec_profile.py --device cuda $specs --shape 8x1024x2048 --dtype $dtype \
         --out '$out/codec_profile_cuda_$dtype.md' 2>&1 | grep -v '^USDT\|UserWarning\|_warn_once'"
+    step 30 bash -c "set -o pipefail; python3 benchmarks/codec_profile.py --device cuda --spec int8:rot \
+        --spec int4:rot --spec vq:4 --shape 8x1024x2048 --dtype $dtype --sign-table-rows off --sign-table-rows 0 \
+        --out '$out/codec_profile_sign_table_$dtype.md' 2>&1 | grep -v '^USDT\|UserWarning\|_warn_once'"
 done
 step 35 python3 benchmarks/host_overhead.py --device cuda --spec identity --spec int8 --spec int8:rot --spec nf6 \
     --spec vq:4 --boundary --out "$out/host_cuda.md"

@@ -58,13 +58,24 @@ def rot_signs(col, rkey):
 
 
 @triton.jit
-def row_signs(col, rkey, ROT: tl.constexpr):
+def row_signs(col, rkey, signs_ptr, ROT: tl.constexpr, TABLE: tl.constexpr):
     """The rotation's signs at row positions col (ones without the rotation): the same for every row, so a program
-    that takes several rows computes them once, before its loop over them."""
+    that takes several rows computes them once, before its loop over them. With TABLE they are read from the table
+    `sign_table` wrote for this message (every position of the program's block), instead of hashed here."""
     if ROT:
-        return rot_signs(col, rkey)
+        if TABLE:
+            return tl.load(signs_ptr + col)
+        else:
+            return rot_signs(col, rkey)
     else:
         return tl.zeros(col.shape, tl.float32) + 1.0
+
+
+@triton.jit(do_not_specialize=["rkey", "n"])
+def sign_table(out_ptr, rkey, n, BLOCK: tl.constexpr):
+    """out[i] = the rotation's sign at position i, for i < n (fp32): once per message, for every row to read."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
+    tl.store(out_ptr + i, rot_signs(i, rkey), mask=i < n)
 
 
 @triton.jit
@@ -94,16 +105,17 @@ def rne(q):
 
 
 @triton.jit(do_not_specialize=["rkey", "key", "slot", "rows"])  # a key that happens to be 1 must not become a constant
-def encode(x_ptr, idx_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, slot, rows, LAST: tl.constexpr, P: tl.constexpr,
-           N: tl.constexpr, BITS: tl.constexpr, ROT: tl.constexpr, STOCH: tl.constexpr, BUMP: tl.constexpr,
-           INV: tl.constexpr, LOGN: tl.constexpr, FLAG: tl.constexpr, R: tl.constexpr, GATHER: tl.constexpr):
+def encode(x_ptr, idx_ptr, codes_ptr, scale_ptr, flag_ptr, signs_ptr, rkey, key, slot, rows, LAST: tl.constexpr,
+           P: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr, ROT: tl.constexpr, STOCH: tl.constexpr,
+           BUMP: tl.constexpr, INV: tl.constexpr, LOGN: tl.constexpr, FLAG: tl.constexpr, R: tl.constexpr,
+           GATHER: tl.constexpr, TABLE: tl.constexpr):
     """Codes and a scale per row of x; with GATHER, row i is x's row idx[i] (int64), as if gathered first (the noise
     follows i)."""
     col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N) positions in the row
     whole = tl.broadcast_to((tl.arange(0, P) < LAST // N)[:, None], (P, N))  # whole tile rows: vector accesses
     top: tl.constexpr = 2 ** (BITS - 1) - 1
     topf: tl.constexpr = 2.0 ** (BITS - 1) - 1.0
-    signs = row_signs(col, rkey, ROT)  # (P, N): once for the R rows
+    signs = row_signs(col, rkey, signs_ptr, ROT, TABLE)  # (P, N): once for the R rows
     for r in tl.static_range(R):
         row = tl.program_id(0).to(tl.int64) * R + r
         valid = whole & (tl.zeros((P, N), tl.int64) + row < rows)  # (P, N); rows past the end: none
@@ -139,14 +151,14 @@ def encode(x_ptr, idx_ptr, codes_ptr, scale_ptr, flag_ptr, rkey, key, slot, rows
 
 
 @triton.jit(do_not_specialize=["rkey", "slot", "rows"])
-def decode(codes_ptr, scale_ptr, idx_ptr, out_ptr, flag_ptr, rkey, slot, rows, LAST: tl.constexpr, P: tl.constexpr,
-           N: tl.constexpr, BITS: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, LOGN: tl.constexpr,
-           FLAG: tl.constexpr, R: tl.constexpr, SCATTER: tl.constexpr):
+def decode(codes_ptr, scale_ptr, idx_ptr, out_ptr, flag_ptr, signs_ptr, rkey, slot, rows, LAST: tl.constexpr,
+           P: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr,
+           LOGN: tl.constexpr, FLAG: tl.constexpr, R: tl.constexpr, SCATTER: tl.constexpr, TABLE: tl.constexpr):
     """The rows of the codes and scales, in out's dtype; with SCATTER, row i goes to out's row idx[i] (int64)."""
     col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N)
     whole = tl.broadcast_to((tl.arange(0, P) < LAST // N)[:, None], (P, N))  # whole tile rows: vector accesses
     top: tl.constexpr = 2 ** (BITS - 1) - 1
-    signs = row_signs(col, rkey, ROT)  # (P, N): once for the R rows
+    signs = row_signs(col, rkey, signs_ptr, ROT, TABLE)  # (P, N): once for the R rows
     for r in tl.static_range(R):
         row = tl.program_id(0).to(tl.int64) * R + r
         valid = whole & (tl.zeros((P, N), tl.int64) + row < rows)  # (P, N); rows past the end: none

@@ -37,14 +37,14 @@ def put_pivots(y, col, row, rows, vals_ptr, pos_ptr, K: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["rkey", "rows"])
-def split(x_ptr, t_ptr, vals_ptr, pos_ptr, rkey, rows, D: tl.constexpr, TPR: tl.constexpr, T: tl.constexpr,
-          S: tl.constexpr, LOGS: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr,
-          R: tl.constexpr):
+def split(x_ptr, t_ptr, vals_ptr, pos_ptr, signs_ptr, rkey, rows, D: tl.constexpr, TPR: tl.constexpr,
+          T: tl.constexpr, S: tl.constexpr, LOGS: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr,
+          INV: tl.constexpr, R: tl.constexpr, TABLE: tl.constexpr):
     """R rows, one after the other: each one's pivots taken out, [x / sqrt(S) * signs, butterfly] per tile, its tiles
     written to t (rows, TPR * S) fp32."""
     t = tl.arange(0, T)[:, None]  # (T, 1) tiles of the row
     col = t * S + tl.arange(0, S)[None, :]  # (T, S) positions in the row, padded to whole tiles
-    signs = row_signs(col, rkey, ROT)  # (T, S): once for the R rows
+    signs = row_signs(col, rkey, signs_ptr, ROT, TABLE)  # (T, S): once for the R rows
     for r in tl.static_range(R):
         row = tl.program_id(0).to(tl.int64) * R + r
         live = tl.zeros((T, S), tl.int64) + row < rows  # (T, S): false past the last row
@@ -56,14 +56,14 @@ def split(x_ptr, t_ptr, vals_ptr, pos_ptr, rkey, rows, D: tl.constexpr, TPR: tl.
 
 
 @triton.jit(do_not_specialize=["rkey", "rows"])
-def merge(t_ptr, vals_ptr, pos_ptr, out_ptr, rkey, rows, D: tl.constexpr, TPR: tl.constexpr, T: tl.constexpr,
-          S: tl.constexpr, LOGS: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr,
-          R: tl.constexpr):
+def merge(t_ptr, vals_ptr, pos_ptr, out_ptr, signs_ptr, rkey, rows, D: tl.constexpr, TPR: tl.constexpr,
+          T: tl.constexpr, S: tl.constexpr, LOGS: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr,
+          INV: tl.constexpr, R: tl.constexpr, TABLE: tl.constexpr):
     """The inverse of `split`: R rows of tiles t (rows, TPR * S) fp32 -> [butterfly(t / sqrt(S)) * signs], the pivots
     put back, written to out (rows, D) in its dtype."""
     t = tl.arange(0, T)[:, None]  # (T, 1)
     col = t * S + tl.arange(0, S)[None, :]  # (T, S)
-    signs = row_signs(col, rkey, ROT)  # (T, S): once for the R rows
+    signs = row_signs(col, rkey, signs_ptr, ROT, TABLE)  # (T, S): once for the R rows
     for r in tl.static_range(R):
         row = tl.program_id(0).to(tl.int64) * R + r
         live = tl.zeros((T, S), tl.int64) + row < rows  # (T, S)

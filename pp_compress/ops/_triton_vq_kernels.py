@@ -42,16 +42,16 @@ def nearer(v, cb_ptr, i, DIM: tl.constexpr, best, code):
 
 
 @triton.jit(do_not_specialize=["rkey", "slot_in", "slot_ovf", "rows"])
-def prepare(x_ptr, v_ptr, scale_ptr, vals_ptr, pos_ptr, flag_in_ptr, flag_ovf_ptr, rkey, slot_in, slot_ovf, rows,
-            D: tl.constexpr, TPR: tl.constexpr, T: tl.constexpr, S: tl.constexpr, LOGS: tl.constexpr,
-            CBMAX: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, FLAG_IN: tl.constexpr,
-            R: tl.constexpr):
+def prepare(x_ptr, v_ptr, scale_ptr, vals_ptr, pos_ptr, flag_in_ptr, flag_ovf_ptr, signs_ptr, rkey, slot_in,
+            slot_ovf, rows, D: tl.constexpr, TPR: tl.constexpr, T: tl.constexpr, S: tl.constexpr,
+            LOGS: tl.constexpr, CBMAX: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr,
+            FLAG_IN: tl.constexpr, R: tl.constexpr, TABLE: tl.constexpr):
     """R rows, one after the other: each one's pivots, rotation, per-tile scales and checks, and its tiles divided by
     their scales, written to v (rows, TPR * S) fp32 for `search`. The rotation's signs are the same for every row:
     computed once for the R rows."""
     t = tl.arange(0, T)[:, None]  # (T, 1) tiles of the row
     col = t * S + tl.arange(0, S)[None, :]  # (T, S) positions in the row, padded to whole tiles
-    signs = row_signs(col, rkey, ROT)  # (T, S): once for the R rows
+    signs = row_signs(col, rkey, signs_ptr, ROT, TABLE)  # (T, S): once for the R rows
     for r in tl.static_range(R):
         row = tl.program_id(0).to(tl.int64) * R + r
         live = tl.zeros((T, S), tl.int64) + row < rows  # (T, S): false past the last row
@@ -119,15 +119,15 @@ def search(v_ptr, cb_ptr, cand_ptr, codes_ptr, n, B: tl.constexpr, DIM: tl.const
 
 
 @triton.jit(do_not_specialize=["rkey", "slot", "rows"])
-def decode(codes_ptr, cb_ptr, scale_ptr, vals_ptr, pos_ptr, out_ptr, flag_ptr, rkey, slot, rows, D: tl.constexpr,
-           TPR: tl.constexpr, T: tl.constexpr, S: tl.constexpr, LOGS: tl.constexpr, DIM: tl.constexpr,
-           CBITS: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, FLAG: tl.constexpr,
-           R: tl.constexpr):
+def decode(codes_ptr, cb_ptr, scale_ptr, vals_ptr, pos_ptr, out_ptr, flag_ptr, signs_ptr, rkey, slot, rows,
+           D: tl.constexpr, TPR: tl.constexpr, T: tl.constexpr, S: tl.constexpr, LOGS: tl.constexpr,
+           DIM: tl.constexpr, CBITS: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr,
+           FLAG: tl.constexpr, R: tl.constexpr, TABLE: tl.constexpr):
     t = tl.arange(0, T)[:, None]  # (T, 1)
     col = t * S + tl.arange(0, S)[None, :]  # (T, S)
     C: tl.constexpr = S // DIM
     tiles = tl.arange(0, T)
-    signs = row_signs(col, rkey, ROT)  # (T, S): once for the R rows
+    signs = row_signs(col, rkey, signs_ptr, ROT, TABLE)  # (T, S): once for the R rows
     for r in tl.static_range(R):
         row = tl.program_id(0).to(tl.int64) * R + r
         if CBITS == 8:

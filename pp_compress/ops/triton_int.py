@@ -106,20 +106,52 @@ def rows_per_program(rows: int, rot: int) -> int:
     return ROWS_PER_PROGRAM if rot and rows >= SHARED_SIGNS_ROWS else 1
 
 
+SIGN_TABLE_ROWS: int | None = None
+"""Rotated tensors with at least this many rows have their rotation's signs computed once per message, as a table
+of the block's positions that one small kernel writes (`sign_table`) and every program of the int, vq and `tile`
+kernels reads, instead of each program hashing every position of its row: the hash (three 64-bit multiplies per
+value) is about half the rotated decoder's instructions and a fifth of the encoder's, and a decoder computes it in two
+register layouts (`benchmarks/ptxas.py --sign-table-rows`). The table costs one more launch per message. None: every
+program hashes (the default until a GPU measures the table faster: `benchmarks/ops.py` and `codec_profile.py` take
+`--sign-table-rows` to time both side by side)."""
+SIGN_BLOCK = 1024
+"""Positions per program of `sign_table`."""
+
+
+def sign_table(rows: int, length: int, rot_key: int, like: Tensor) -> Tensor | None:
+    """The rotation's signs at positions 0 .. length - 1 of a row (length,) fp32 on `like`'s device, for the kernels to
+    read (one launch), or None where they hash them themselves (fewer rows than SIGN_TABLE_ROWS)."""
+    if SIGN_TABLE_ROWS is None or rows < SIGN_TABLE_ROWS:
+        return None
+    out = torch.empty(length, dtype=torch.float32, device=like.device)  # (length,)
+    launch(_kernels().sign_table, -(-length // SIGN_BLOCK), (out,), (rot_key, length), (SIGN_BLOCK,), 4)
+    return out
+
+
 @functools.lru_cache(maxsize=1024)
 def _encode_plan(last: int, bits: int, scale_dtype: torch.dtype, rot: int, stoch: bool, check: bool,
-                 r: int, gather: bool) -> tuple[tuple, int]:
+                 r: int, gather: bool, table: bool) -> tuple[tuple, int]:
     """(the encode kernel's constexprs, its warps): the same few per boundary, worked out once."""
     p, n = tile(last, rot)
     return (last, p, n, bits, bool(rot), stoch, ROUND_UP[scale_dtype], 1 / math.sqrt(n), n.bit_length() - 1,
-            check, r, gather), warps(p, n)
+            check, r, gather, table), warps(p, n)
 
 
 @functools.lru_cache(maxsize=1024)
-def _decode_plan(last: int, bits: int, rot: int, check: bool, r: int, scatter: bool) -> tuple[tuple, int]:
+def _decode_plan(last: int, bits: int, rot: int, check: bool, r: int, scatter: bool,
+                 table: bool) -> tuple[tuple, int]:
     """(the decode kernel's constexprs, its warps)."""
     p, n = tile(last, rot)
-    return (last, p, n, bits, bool(rot), 1 / math.sqrt(n), n.bit_length() - 1, check, r, scatter), warps(p, n)
+    return (last, p, n, bits, bool(rot), 1 / math.sqrt(n), n.bit_length() - 1, check, r, scatter,
+            table), warps(p, n)
+
+
+def _signs(rows: int, last: int, rot: int, rot_key: int, like: Tensor) -> Tensor | None:
+    """`sign_table` for the int kernels' (P, N) block of rows of `last` values, where they rotate."""
+    if not rot:
+        return None
+    p, n = tile(last, rot)
+    return sign_table(rows, p * n, rot_key, like)
 
 
 def sym_encode(x: Tensor, bits: int, scale_dtype: torch.dtype, rot: int = 0, rot_key: int = 0,
@@ -132,11 +164,14 @@ def sym_encode(x: Tensor, bits: int, scale_dtype: torch.dtype, rot: int = 0, rot
     last = x.shape[-1]
     n_rows = x.numel() // last if rows is None else rows.numel()
     r = rows_per_program(n_rows, rot)
-    consts, warps_ = _encode_plan(last, bits, scale_dtype, rot, key is not None, flag is not None, r, rows is not None)
+    signs = _signs(n_rows, last, rot, rot_key, x)
+    consts, warps_ = _encode_plan(last, bits, scale_dtype, rot, key is not None, flag is not None, r, rows is not None,
+                                  signs is not None)
     x = x.contiguous()
     codes = torch.empty(n_rows * last * bits // 8, dtype=torch.int8 if bits == 8 else torch.uint8, device=x.device)
     scale = torch.empty(n_rows, dtype=scale_dtype, device=x.device)  # (rows,)
-    tensors = (x, x if rows is None else rows, codes, scale, flag.buf if flag else scale)
+    tensors = (x, x if rows is None else rows, codes, scale, flag.buf if flag else scale,
+               scale if signs is None else signs)
     ints = (rot_key, key or 0, flag.index if flag else 0, n_rows)
     launch(_kernels().encode, -(-n_rows // r), tensors, ints, consts, warps_)
     return codes.view(torch.uint8), scale
@@ -154,9 +189,11 @@ def sym_decode(codes: Tensor, scale: Tensor, shape: tuple[int, ...], dtype: torc
         out, rows = into
     n_rows = math.prod(shape[:-1])  # per message: no TensorSpec on the hot path
     r = rows_per_program(n_rows, rot)
-    consts, warps_ = _decode_plan(shape[-1], bits, rot, flag is not None, r, rows is not None)
+    signs = _signs(n_rows, shape[-1], rot, rot_key, out)
+    consts, warps_ = _decode_plan(shape[-1], bits, rot, flag is not None, r, rows is not None, signs is not None)
     launch(_kernels().decode, -(-n_rows // r), (codes.view(torch.int8) if bits == 8 else codes, scale,
-                                                out if rows is None else rows, out, flag.buf if flag else out),
+                                                out if rows is None else rows, out, flag.buf if flag else out,
+                                                out if signs is None else signs),
            (rot_key, flag.index if flag else 0, n_rows), consts, warps_)
     return out
 

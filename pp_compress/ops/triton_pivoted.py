@@ -25,7 +25,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from .triton_int import MAX_TILE, available, rows_per_program, warps
+from .triton_int import MAX_TILE, available, rows_per_program, sign_table, warps
 from .triton_launch import launch
 
 
@@ -58,10 +58,15 @@ def block(d: int, size: int) -> tuple[int, int, int]:
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(d: int, size: int, k: int, rot: bool, r: int) -> tuple[tuple, int]:
+def _plan(d: int, size: int, k: int, rot: bool, r: int, table: bool) -> tuple[tuple, int]:
     """(the kernels' constexprs, their warps) for rows of d values: the same few per boundary, worked out once."""
     tpr, t, logs = block(d, size)
-    return (d, tpr, t, size, logs, k, rot, 1 / math.sqrt(size), r), warps(t, size)
+    return (d, tpr, t, size, logs, k, rot, 1 / math.sqrt(size), r, table), warps(t, size)
+
+
+def _signs(rows: int, d: int, size: int, rot: bool, rot_key: int, like: Tensor) -> Tensor | None:
+    """`sign_table` for the kernels' (T, size) block of rows of d values, where they rotate."""
+    return sign_table(rows, block(d, size)[1] * size, rot_key, like) if rot else None
 
 
 def split(x: Tensor, k: int, size: int, rot: bool, rot_key: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -70,12 +75,14 @@ def split(x: Tensor, k: int, size: int, rot: bool, rot_key: int) -> tuple[Tensor
     d = x.shape[-1]
     rows = x.numel() // d
     r = rows_per_program(rows, size if rot else 0)
-    consts, warps = _plan(d, size, k, rot, r)
+    signs = _signs(rows, d, size, rot, rot_key, x)
+    consts, warps = _plan(d, size, k, rot, r, signs is not None)
     x = x.contiguous()
     t = torch.empty((rows * consts[1], size), dtype=torch.float32, device=x.device)  # (tiles, size)
     vals = torch.empty(rows * k, dtype=x.dtype, device=x.device)  # (rows * k,)
     pos = torch.empty(rows * k, dtype=torch.int16, device=x.device)
-    launch(_kernels().split, -(-rows // r), (x, t, vals, pos), (rot_key, rows), consts, warps)
+    launch(_kernels().split, -(-rows // r), (x, t, vals, pos, t if signs is None else signs), (rot_key, rows), consts,
+           warps)
     return t, vals, pos
 
 
@@ -86,6 +93,8 @@ def merge(t: Tensor, vals: Tensor, pos: Tensor, shape: tuple[int, ...], dtype: t
     d = shape[-1]
     rows = out.numel() // d
     r = rows_per_program(rows, size if rot else 0)
-    consts, warps = _plan(d, size, vals.numel() // rows, rot, r)
-    launch(_kernels().merge, -(-rows // r), (t.contiguous(), vals, pos, out), (rot_key, rows), consts, warps)
+    signs = _signs(rows, d, size, rot, rot_key, out)
+    consts, warps = _plan(d, size, vals.numel() // rows, rot, r, signs is not None)
+    launch(_kernels().merge, -(-rows // r), (t.contiguous(), vals, pos, out, out if signs is None else signs),
+           (rot_key, rows), consts, warps)
     return out

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from .base import Flag
-from .triton_int import MAX_TILE, available, rows_per_program, warps
+from .triton_int import MAX_TILE, available, rows_per_program, sign_table, warps
 from .triton_launch import launch
 from .triton_pivoted import block
 
@@ -100,9 +100,12 @@ def encode(x: Tensor, cb: Tensor, cbmax: float, size: int, dim: int, code_bits: 
     vals = torch.empty(rows * k, dtype=x.dtype, device=x.device)  # (rows * k,)
     pos = torch.empty(rows * k, dtype=torch.int16, device=x.device)
     r = rows_per_program(rows, size if rot else 0)
-    launch(_kernels().prepare, -(-rows // r), (x, v, scale, vals, pos, (flag_in or flag_ovf).buf, flag_ovf.buf),
+    signs = sign_table(rows, t * size, rot_key, x) if rot else None  # (T * size,) fp32, or hashed in the kernel
+    launch(_kernels().prepare, -(-rows // r), (x, v, scale, vals, pos, (flag_in or flag_ovf).buf, flag_ovf.buf,
+                                              v if signs is None else signs),
            (rot_key, flag_in.index if flag_in else 0, flag_ovf.index, rows),
-           (d, tpr, t, size, logs, cbmax, k, rot, 1 / math.sqrt(size), flag_in is not None, r), warps(t, size))
+           (d, tpr, t, size, logs, cbmax, k, rot, 1 / math.sqrt(size), flag_in is not None, r, signs is not None),
+           warps(t, size))
     searched = (grid.cells, grid.candidates.shape[1], grid.lo, grid.inv_h) if grid else (0, 0, 0.0, 0.0)
     launch(_kernels().search, -(-n // SEARCH_BLOCK), (v, cb, grid.candidates if grid else cb, codes), (n,),
            (SEARCH_BLOCK, dim, cb.shape[0], code_bits, *searched), SEARCH_WARPS)
@@ -120,7 +123,10 @@ def decode(codes: Tensor, cb: Tensor, scale: Tensor, vals: Tensor, pos: Tensor, 
     k = vals.numel() * d // out.numel()  # pivots per row
     rows = out.numel() // d
     r = rows_per_program(rows, size if rot else 0)
-    launch(_kernels().decode, -(-rows // r), (codes, cb, scale, vals, pos, out, flag.buf if flag else out),
+    signs = sign_table(rows, t * size, rot_key, out) if rot else None
+    launch(_kernels().decode, -(-rows // r), (codes, cb, scale, vals, pos, out, flag.buf if flag else out,
+                                             out if signs is None else signs),
            (rot_key, flag.index if flag else 0, rows),
-           (d, tpr, t, size, logs, dim, code_bits, k, rot, 1 / math.sqrt(size), flag is not None, r), warps(t, size))
+           (d, tpr, t, size, logs, dim, code_bits, k, rot, 1 / math.sqrt(size), flag is not None, r,
+            signs is not None), warps(t, size))
     return out

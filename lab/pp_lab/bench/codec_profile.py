@@ -21,6 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from pp_lab.paths import ROOT
 import pp_compress as ppc
+from pp_lab.bench import kernel_settings
 from pp_lab.bench.ops import context, timer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -31,9 +32,11 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def profile_spec(spec: str, x: torch.Tensor, rounds: int, top: int, shapes: bool = False) -> tuple[dict, list[str]]:
+def profile_spec(spec: str, x: torch.Tensor, rounds: int, top: int, shapes: bool = False,
+                 label: str = "") -> tuple[dict, list[str]]:
     """(summary row, markdown lines of the top operators by device time) for `rounds` encode + decode rounds;
-    with `shapes`, an operator's calls are listed per input shape, to tell apart calls of one operator."""
+    with `shapes`, an operator's calls are listed per input shape, to tell apart calls of one operator; `label` follows
+    the spec in both (the kernel settings it ran under)."""
     op, ctx = ppc.build(spec), context(x.device)
     for _ in range(3):  # warm-up: codebooks, grids, compiled kernels
         op.decompress(op.compress(x, ctx), ctx)
@@ -53,12 +56,13 @@ def profile_spec(spec: str, x: torch.Tensor, rounds: int, top: int, shapes: bool
     kernels = sum(e.count for e in events if cuda and e.device_type == torch.autograd.DeviceType.CUDA)
     # every .item() / bool() of a tensor: on a GPU the host waits there for the device
     syncs = sum(e.count for e in events if e.key == "aten::_local_scalar_dense")
-    row = {"spec": spec, "wall_ms": wall * 1e3, "device_ms": sum(dev_us(e) for e in events if e.device_type ==
+    row = {"spec": spec + label, "wall_ms": wall * 1e3, "device_ms": sum(dev_us(e) for e in events if e.device_type ==
            (torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU)) / rounds / 1e3,
            "kernels": kernels / rounds, "syncs": syncs / rounds}
     ops = sorted((e for e in events if e.key.startswith("aten::") and dev_us(e) > 0), key=dev_us, reverse=True)[:top]
     shape = lambda e: f" {e.input_shapes}" if shapes else ""  # noqa: E731
-    lines = [f"| `{spec}` | {e.key}{shape(e)} | {e.count // rounds} | {dev_us(e) / rounds / 1e3:.3f} |" for e in ops]
+    lines = [f"| `{spec}{label}` | {e.key}{shape(e)} | {e.count // rounds} | {dev_us(e) / rounds / 1e3:.3f} |"
+             for e in ops]
     return row, lines
 
 
@@ -72,6 +76,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=6, help="operators listed per spec")
     ap.add_argument("--shapes", action="store_true", help="list each operator's calls per input shape")
     ap.add_argument("--out", type=Path, default=None)
+    kernel_settings.add_arguments(ap)  # each spec once per value, side by side
     args = ap.parse_args()
     device = torch.device(args.device)
     shape = tuple(int(v) for v in args.shape.split("x"))
@@ -86,11 +91,12 @@ def main() -> None:
              "|---|---|---|---|---|"]
     tops = ["", "Operators with the most device time (self time, per round):", "", "| spec | operator | calls | ms |",
             "|---|---|---|---|"]
-    for spec in args.spec:
-        row, top = profile_spec(spec, x, args.rounds, args.top, args.shapes)
-        print(f"{spec:20s} wall {row['wall_ms']:.3f} ms  kernels {row['device_ms']:.3f} ms  "
+    for spec, setting in [(s, k) for s in args.spec for k in kernel_settings.settings(args)]:
+        with kernel_settings.applied(setting):
+            row, top = profile_spec(spec, x, args.rounds, args.top, args.shapes, kernel_settings.label(setting))
+        print(f"{row['spec']:20s} wall {row['wall_ms']:.3f} ms  kernels {row['device_ms']:.3f} ms  "
               f"{row['kernels']:.0f} kernels  {row['syncs']:.0f} syncs", flush=True)
-        lines.append(f"| `{spec}` | {row['wall_ms']:.3f} | {row['device_ms']:.3f} | {row['kernels']:.0f} | "
+        lines.append(f"| `{row['spec']}` | {row['wall_ms']:.3f} | {row['device_ms']:.3f} | {row['kernels']:.0f} | "
                      f"{row['syncs']:.0f} |")
         tops += top
     out = args.out or ROOT / "results" / "bench" / f"codec_profile_{device.type}.md"

@@ -24,9 +24,9 @@ from typing import Callable
 
 import torch
 
+from pp_lab.bench import kernel_settings
 from pp_lab.paths import ROOT
 import pp_compress as ppc
-from pp_compress.ops import triton_int
 from pp_compress.ops.base import Deferred
 from pp_compress.timing import median_time
 
@@ -92,12 +92,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--presets", action="store_true", help=f"the preset operators, fused next to eager: {' '.join(PRESET_SPECS)}")
-    ap.add_argument("--rows-per-program", type=int, action="append", default=None,
-                    help="each spec once per value, side by side: rows per program of the rotated int and vq "
-                         "kernels (pp_compress.ops.triton_int.ROWS_PER_PROGRAM; default: the library's)")
+    kernel_settings.add_arguments(ap)  # each spec once per value, side by side
     args = ap.parse_args()
-    if any(n < 1 for n in args.rows_per_program or []):
-        ap.error(f"--rows-per-program {args.rows_per_program}; accepted: integers >= 1")
     if args.presets:
         args.spec = (args.spec or []) + PRESET_SPECS
     device = torch.device(args.device)
@@ -111,14 +107,11 @@ def main() -> None:
             nbytes = x.numel() * x.element_size()
             print(f"{shape_s} {dname}: clone {clone_s * 1e3:.2f} ms = {nbytes / clone_s / 1e9:.2f} GB/s, "
                   f"copy_ {copy_s * 1e3:.2f} ms = {nbytes / copy_s / 1e9:.2f} GB/s", flush=True)
-            for spec, per in [(s, n) for s in args.spec or SPECS for n in args.rows_per_program or [None]]:
-                if per is not None:
-                    triton_int.ROWS_PER_PROGRAM = per
-                    triton_int.rows_per_program.cache_clear()
-                r = {"shape": shape_s, "dtype": dname, "clone_GBps": nbytes / clone_s / 1e9, "copy_GBps": nbytes / copy_s / 1e9,
-                     **bench(spec, x, args.reps, clone_s, copy_s)}
-                if per is not None:
-                    r["spec"] = spec = f"{spec} [{per} rows/program]"
+            for spec, setting in [(s, k) for s in args.spec or SPECS for k in kernel_settings.settings(args)]:
+                with kernel_settings.applied(setting):
+                    r = {"shape": shape_s, "dtype": dname, "clone_GBps": nbytes / clone_s / 1e9,
+                         "copy_GBps": nbytes / copy_s / 1e9, **bench(spec, x, args.reps, clone_s, copy_s)}
+                r["spec"] = spec = spec + kernel_settings.label(setting)
                 rows.append(r)
                 print(f"  {spec:22s} enc {r['compress_ms']:8.3f} ms  dec {r['decompress_ms']:8.3f} ms  "
                       f"{r['codec_GBps']:6.2f} GB/s ({r['vs_clone']:.0%} of clone, {r['vs_copy']:.0%} of copy_)  ratio {r['ratio']:5.2f}x"

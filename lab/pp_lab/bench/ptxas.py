@@ -8,12 +8,18 @@ many times slower than its memory traffic says. Whether it spills is decided at 
 here: each operator's compress and decompress run on CPU tensors with its device path forced on and Triton's launches
 recorded instead of run (the launch code the GPU runs, so the same constexprs and warp counts); each recorded kernel
 is compiled for sm_90 with that Triton, and its PTX goes through the ptxas Triton itself assembles sm_90 code with, `-v`. Printed per spec,
-dtype, shape and kernel: warps, registers per thread, spill stores and loads, and the stack frame (bytes).
+dtype, shape and kernel: warps, registers per thread, spill stores and loads, the stack frame (bytes), and from the
+machine code (cuobjdump -sass, which Triton bundles too) the instructions per thread, with its barriers, warp shuffles
+and shared-memory loads and stores. The kernels have no loops over data (their loops unroll), so the static count is
+what each thread runs: where a kernel is bound by its instructions rather than its memory traffic, fewer is faster,
+but only a GPU's clock says by how much (latency and occupancy count too). The kernel settings of
+`pp_lab.bench.kernel_settings` (`--rows-per-program`, `--sign-table-rows`) compile each value in turn.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import re
 import shlex
 import subprocess
@@ -27,6 +33,7 @@ import torch
 import pp_compress as ppc
 from pp_compress.ops import triton_int, triton_nf, triton_vq
 from pp_compress.ops.triton_launch import int_type
+from pp_lab.bench import kernel_settings
 from pp_lab.bench.ops import DTYPES
 from pp_lab.paths import ROOT
 
@@ -98,8 +105,25 @@ def sm90_ptx(kernel: Any, sig: dict[str, str], const: dict, warps: int) -> str:
                    options={"num_warps": warps, "enable_fp_fusion": False}).asm["ptx"]
 
 
+SASS_KINDS = {"barriers": ("BAR",), "shuffles": ("SHFL",), "shared": ("LDS", "STS", "LDSM", "STSM")}
+"""Instruction kinds counted apart (by opcode, before its first dot): what moves data between a block's threads."""
+
+
+def sass_counts(cubin: Path) -> dict[str, int]:
+    """Instructions in the cubin's machine code (NOPs left out), and of each of SASS_KINDS."""
+    tool = Path(ptxas_path()).with_name("cuobjdump")
+    text = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    # "/*0120*/  @!P0 FADD.FTZ R1, R2, R3 ;": the opcode after the address and an optional predicate
+    ops = [m[1].split(".")[0] for line in text.splitlines()
+           if (m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line))]
+    out = {"instructions": sum(op != "NOP" for op in ops)}
+    out.update({kind: sum(op in names for op in ops) for kind, names in SASS_KINDS.items()})
+    return out
+
+
 def resources(kernel: Any, sig: dict, const: dict, warps: int, ptxas: str) -> dict[str, int]:
-    """Registers per thread, spill stores / loads and stack frame (bytes) of the kernel compiled for sm_90."""
+    """Registers per thread, spill stores / loads and stack frame (bytes) of the kernel compiled for sm_90, and its
+    machine code's counts (`sass_counts`)."""
     ptx = sm90_ptx(kernel, sig, const, warps)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.ptx"
@@ -109,6 +133,7 @@ def resources(kernel: Any, sig: dict, const: dict, warps: int, ptxas: str) -> di
         if log.returncode != 0:
             raise RuntimeError(f"ptxas failed on {kernel.__name__}: {log.stderr[-2000:]}")
         log = log.stdout + log.stderr
+        counts = sass_counts(Path(tmp) / "k.cubin")
 
     def field(pattern: str) -> int:
         m = re.search(pattern, log)
@@ -117,7 +142,7 @@ def resources(kernel: Any, sig: dict, const: dict, warps: int, ptxas: str) -> di
         return int(m[1])
 
     return {"registers": field(r"Used (\d+) registers"), "spill_stores": field(r"(\d+) bytes spill stores"),
-            "spill_loads": field(r"(\d+) bytes spill loads"), "stack": field(r"(\d+) bytes stack frame")}
+            "spill_loads": field(r"(\d+) bytes spill loads"), "stack": field(r"(\d+) bytes stack frame"), **counts}
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -133,36 +158,32 @@ def main() -> None:
     ap.add_argument("--dtype", action="append", choices=list(DTYPES), default=None, help="default: fp32 and bf16")
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, help="default: 8x1024x2048")
     ap.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
-    ap.add_argument("--rows-per-program", type=int, default=None,
-                    help="rows per program of the rotated int and vq kernels (triton_int.ROWS_PER_PROGRAM; "
-                         "default: the library's)")
+    kernel_settings.add_arguments(ap)
     args = ap.parse_args()
-    if args.rows_per_program is not None:
-        if args.rows_per_program < 1:
-            ap.error(f"--rows-per-program {args.rows_per_program}; accepted: an integer >= 1")
-        triton_int.ROWS_PER_PROGRAM = args.rows_per_program
-        triton_int.rows_per_program.cache_clear()
     import triton
 
     ptxas = ptxas_path()
     version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     head = [f"Command: `python benchmarks/ptxas.py {shlex.join(sys.argv[1:])}`", "",
             f"Triton {triton.__version__}, compiled for sm_90 (no GPU), `ptxas -arch=sm_90a -v` ({version}).", "",
-            "| spec | dtype | shape | kernel | warps | registers | spill stores (B) | spill loads (B) | stack (B) |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "| spec | dtype | shape | kernel | warps | registers | spill stores (B) | spill loads (B) | stack (B) | "
+            "instructions per thread | barriers | shuffles | shared loads + stores |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(head), flush=True)
     rows = []
-    for spec in args.spec:
-        for dt in args.dtype or ["fp32", "bf16"]:
-            for shape in args.shape or [(8, 1024, 2048)]:
-                found = launches_of(spec, shape, DTYPES[dt])
-                if not found:
-                    raise SystemExit(f"{spec} on {dt} {'x'.join(map(str, shape))} launches no device kernel")
-                for side, kernel, sig, const, warps in found:
-                    r = resources(kernel, sig, const, warps, ptxas)
-                    rows.append(f"| `{spec}` | {dt} | {'x'.join(map(str, shape))} | {side}: {kernel.__name__} | {warps} | "
-                                f"{r['registers']} | {r['spill_stores']} | {r['spill_loads']} | {r['stack']} |")
-                    print(rows[-1], flush=True)
+    for spec, setting, dt, shape in itertools.product(args.spec, kernel_settings.settings(args),
+                                                      args.dtype or ["fp32", "bf16"], args.shape or [(8, 1024, 2048)]):
+        with kernel_settings.applied(setting):
+            found = launches_of(spec, shape, DTYPES[dt])
+        if not found:
+            raise SystemExit(f"{spec} on {dt} {'x'.join(map(str, shape))} launches no device kernel")
+        for side, kernel, sig, const, warps in found:
+            r = resources(kernel, sig, const, warps, ptxas)
+            rows.append(f"| `{spec}`{kernel_settings.label(setting)} | {dt} | {'x'.join(map(str, shape))} | "
+                        f"{side}: {kernel.__name__} | {warps} | {r['registers']} | {r['spill_stores']} | "
+                        f"{r['spill_loads']} | {r['stack']} | {r['instructions']} | {r['barriers']} | "
+                        f"{r['shuffles']} | {r['shared']} |")
+            print(rows[-1], flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("\n".join([*head, *rows, ""]))

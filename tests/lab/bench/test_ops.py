@@ -20,13 +20,16 @@ def test_ops_benchmark_writes_rows_with_clone_and_copy_references(tmp_path):
     assert "| 2x64x96 | fp32 | " in md and "int8 vs copy_" in md
 
 
-def test_ops_benchmark_times_each_spec_at_each_rows_per_program(tmp_path):
+def test_ops_benchmark_times_each_spec_at_each_kernel_setting(tmp_path):
     out = tmp_path / "ops"
     ops = str(ROOT / "benchmarks/ops.py")
     subprocess.run([sys.executable, ops, "--spec", "int8:rot", "--shape", "2x8x64", "--dtype", "fp32", "--reps", "1",
-                    "--rows-per-program", "1", "--rows-per-program", "4", "--out", str(out)],
-                   check=True, capture_output=True, timeout=300)
+                    "--rows-per-program", "1", "--rows-per-program", "4", "--sign-table-rows", "off",
+                    "--sign-table-rows", "0", "--out", str(out)], check=True, capture_output=True, timeout=300)
     rows = list(csv.DictReader(open(out.with_suffix(".csv"))))
-    assert [r["spec"] for r in rows] == ["int8:rot [1 rows/program]", "int8:rot [4 rows/program]"]
-    bad = subprocess.run([sys.executable, ops, "--rows-per-program", "0"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0 and "--rows-per-program [0]; accepted: integers >= 1" in bad.stderr
+    assert [r["spec"] for r in rows] == [f"int8:rot [{n} rows/program, {signs}]" for n in (1, 4)
+                                         for signs in ("signs hashed", "sign table from 0 rows")]
+    for arg, value, accepted in [("--rows-per-program", "0", "an integer >= 1"),
+                                 ("--sign-table-rows", "-1", "off, or an integer >= 0")]:
+        bad = subprocess.run([sys.executable, ops, arg, value], capture_output=True, text=True, timeout=300)
+        assert bad.returncode != 0 and f"{arg}: '{value}'; accepted: {accepted}" in bad.stderr

@@ -42,10 +42,22 @@ found = launches_of("vq:4", (2, 2048), torch.float32)
 assert [(side, k.__name__) for side, k, *_ in found] == [("encode", "prepare"), ("encode", "search"), ("decode", "decode")]
 side, kernel, sig, const, warps = found[0]
 assert sig["x_ptr"] == "*fp32" and sig["rkey"] in ("i32", "i64") and const["D"] == 2048 and const["K"] == 1 and const["ROT"]
+assert fits["instructions"] > 0 and fits["shuffles"] > 0, fits  # a one-warp sum: shuffles
 for spec, shape, dtype in (("vq:4", (8, 1024, 2048), torch.float32), ("int8:rot", (16, 576), torch.bfloat16)):
     for side, kernel, sig, const, warps in launches_of(spec, shape, dtype):
         r = resources(kernel, sig, const, warps, ptxas)
         assert r["spill_stores"] == r["spill_loads"] == 0, (spec, shape, dtype, kernel.__name__, r)
+
+# the sign table: one more launch per side, and a decoder with fewer instructions per thread
+from pp_compress.ops import triton_int
+decoders = [launch[1:] for launch in launches_of("int8:rot", (8192, 2048), torch.float32) if launch[0] == "decode"]
+hashed = resources(*decoders[0], ptxas)
+triton_int.SIGN_TABLE_ROWS = 0
+found = launches_of("int8:rot", (8192, 2048), torch.float32)
+assert [(side, k.__name__) for side, k, *_ in found] == [("encode", "sign_table"), ("encode", "encode"),
+                                                         ("decode", "sign_table"), ("decode", "decode")]
+table = resources(*found[3][1:], ptxas)
+assert table["instructions"] < hashed["instructions"], (table, hashed)
 print("compiled")
 """
 

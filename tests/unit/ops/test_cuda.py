@@ -60,14 +60,19 @@ def test_the_rotation_by_matrix_product_on_cuda_is_the_butterfly(n):
 
 
 @pytest.mark.parametrize("spec", ["int8", "safe", "aggressive", "int4:rot", "nf6", "int3:stoch", "tile:3.5",
-                                  "topk:0.5:index=bitmap", "int1"])
+                                  "topk:0.5:index=bitmap", "int1", "safe:table", "aggressive:table"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_deferred_message_never_waits_for_the_device(spec, dtype):
+def test_a_deferred_message_never_waits_for_the_device(spec, dtype, monkeypatch):
     """With the non-finite checks deferred (what every engine does on a GPU), compress + decompress of a preset makes
     no synchronizing CUDA call after warm-up: torch's sync debug mode turns any into an error. Also `tile`, `topk`'s
-    bitmap and `int1`, whose paths were made free of host reads without a GPU to check them on."""
+    bitmap and `int1`, whose paths were made free of host reads without a GPU to check them on, and the presets with
+    the rotation's signs from a table (`:table`: triton_int.SIGN_TABLE_ROWS = 0)."""
+    from pp_compress.ops import triton_int
     from pp_compress.ops.base import Deferred
 
+    if spec.endswith(":table"):
+        spec = spec.removesuffix(":table")
+        monkeypatch.setattr(triton_int, "SIGN_TABLE_ROWS", 0)
     deferred = Deferred()
     cfg = ppc.parse_spec(spec)
     for direction in ("act", "grad"):
@@ -117,6 +122,20 @@ def test_the_triton_kernels_are_the_eager_reference_on_cuda(spec, dtype, shape):
     ctx = ppc.Context(step=5, micro_batch=2)
     assert op.screens_output(op.compress(x, ctx))  # the device kernels decode it (and so encoded it)
     assert_matches_reference(op, eager, x, ctx)
+
+
+@pytest.mark.parametrize("spec", ["int8:rot", "int3:rot:stoch", "vq:4", "vq:2:dim=4", "tile:3.5"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_signs_read_from_a_table_are_the_eager_reference_on_cuda(spec, dtype, monkeypatch):
+    """With the rotation's signs computed once per message (triton_int.SIGN_TABLE_ROWS), the compiled kernels still
+    give the eager reference's payloads and reconstructions bitwise."""
+    from pp_compress.ops import triton_int
+
+    monkeypatch.setattr(triton_int, "SIGN_TABLE_ROWS", 0)
+    x = (torch.randn(2, 64, 2048, generator=torch.Generator().manual_seed(4)) * 3).to(device="cuda", dtype=dtype)
+    x[..., 0, 5] = 40.0
+    op, eager = ppc.build(spec), ppc.build(f"{spec}:kernel=eager")
+    assert_matches_reference(op, eager, x, ppc.Context(step=5, micro_batch=2))
 
 
 @pytest.mark.parametrize("spec", ["tile:3.5", "tile:3:lo=2:hi=4:stoch", "tile:2.5:lo=2:hi=3:size=32:pivots=2",

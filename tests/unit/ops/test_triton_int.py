@@ -87,6 +87,36 @@ def test_rows_per_program(monkeypatch):
         triton_int.rows_per_program.cache_clear()
 
 
+@pytest.mark.parametrize("spec", ["int8:rot", "int3:rot:stoch", "int7:rot=16", "int4:scale=fp32:rot"])
+@pytest.mark.parametrize("rows_per_program", [1, 3])
+def test_signs_read_from_a_table_give_the_same_bits(spec, rows_per_program, interpreted, monkeypatch):
+    """The rotation's signs computed once per message (`sign_table`) and read by every program: the eager reference's
+    codes, scales and outputs still, with one program per row and with several."""
+    monkeypatch.setattr(triton_int, "SIGN_TABLE_ROWS", 0)
+    monkeypatch.setattr(triton_int, "rows_per_program", lambda rows, rot: rows_per_program)
+    eager, op = ppc.build(f"{spec}:kernel=eager"), ppc.build(spec)
+    for shape in [(2, 3, 576), (4, 512), (1, 48)]:
+        if triton_int.supports(shape[-1], op.config.bits, op.config.rot_block(shape, "test")):
+            assert_matches_reference(op, eager, sample(shape, torch.bfloat16), ppc.Context(step=3, micro_batch=1))
+
+
+def test_the_sign_table_holds_the_references_signs_and_is_made_only_where_asked(interpreted, monkeypatch):
+    from pp_compress.ops import hadamard
+
+    like = torch.empty(0)
+    assert triton_int.sign_table(10**6, 2048, 7, like) is None  # off by default: every program hashes
+    monkeypatch.setattr(triton_int, "SIGN_TABLE_ROWS", 4096)
+    assert triton_int.sign_table(4095, 2048, 7, like) is None
+    for n in (2048, 1500, 8):  # whole and part programs of the table's kernel
+        assert torch.equal(triton_int.sign_table(4096, n, 2**62 + 5, like), hadamard.signs(n, 2**62 + 5, "cpu", False))
+    launched = []
+    monkeypatch.setattr(triton_int, "launch", lambda kernel, *a: launched.append(kernel.__name__))
+    x = torch.randn(4096, 64)
+    triton_int.sym_encode(x, 8, torch.bfloat16)  # no rotation: no signs
+    triton_int.sym_encode(x, 8, torch.bfloat16, rot=64, rot_key=3)
+    assert launched == ["encode", "sign_table", "encode"]
+
+
 def test_which_rows_the_kernels_take():
     assert triton_int.supports(576, 8, 64) and triton_int.supports(576, 4, 0) and triton_int.supports(37, 8, 0)
     assert not triton_int.supports(36, 4, 0)  # 36 codes of 4 bits: rows are not whole words of 8 codes
@@ -196,14 +226,16 @@ for dtype, bits, rot, stoch, last, r in [("fp32", 8, 256, False, 2048, 4), ("bf1
              "R": r}
     codes = "*i8" if bits == 8 else "*u8"
     enc = {"x_ptr": f"*{dtype}", "idx_ptr": "*i64", "codes_ptr": codes, "scale_ptr": "*bf16", "flag_ptr": "*i32",
-           "rkey": "i64", "key": "i64", "slot": "i32", "rows": "i32"}
+           "signs_ptr": "*fp32", "rkey": "i64", "key": "i64", "slot": "i32", "rows": "i32"}
     dec = {"codes_ptr": codes, "scale_ptr": "*bf16", "idx_ptr": "*i64", "out_ptr": f"*{dtype}", "flag_ptr": "*i32",
-           "rkey": "i64", "slot": "i32", "rows": "i32"}
-    for indexed in (False, True):  # tile's parts gather and scatter their rows
-        ptx = hopper_ptx(K.encode, enc, {**const, "STOCH": stoch, "BUMP": 2.0**-7, "FLAG": True, "GATHER": indexed},
-                         warps(p, n))
+           "signs_ptr": "*fp32", "rkey": "i64", "slot": "i32", "rows": "i32"}
+    # tile's parts gather and scatter their rows; a large rotated tensor may read its signs from a table
+    for indexed, table in [(False, False), (True, False)] + [(False, True)] * bool(rot):
+        ptx = hopper_ptx(K.encode, enc, {**const, "STOCH": stoch, "BUMP": 2.0**-7, "FLAG": True, "GATHER": indexed,
+                                         "TABLE": table}, warps(p, n))
         assert last < 576 or "ld.global.v4" in ptx, (dtype, bits)  # vector loads of x
-        hopper_ptx(K.decode, dec, {**const, "FLAG": True, "SCATTER": indexed}, warps(p, n))
+        hopper_ptx(K.decode, dec, {**const, "FLAG": True, "SCATTER": indexed, "TABLE": table}, warps(p, n))
+hopper_ptx(K.sign_table, {"out_ptr": "*fp32", "rkey": "i64", "n": "i32"}, {"BLOCK": 1024}, 4)
 for bits, exp in [("*i32", 0x7F800000), ("*i16", 0x7F80)]:
     hopper_ptx(K.screen, {"bits_ptr": bits, "flag_ptr": "*i32", "n": "i32", "slot": "i32"}, {"BLOCK": 4096, "EXP": exp}, 4)
 print("compiled")

@@ -10,7 +10,7 @@ from tests.unit.ops.interpreted import (allowed_outcomes, assert_matches_referen
 import_kernels("_triton_vq_kernels")
 
 import pp_compress as ppc  # noqa: E402
-from pp_compress.ops import triton_vq, vq  # noqa: E402
+from pp_compress.ops import triton_int, triton_vq, vq  # noqa: E402
 from pp_compress.ops.base import Flag  # noqa: E402
 
 SPECS = ["vq:4", "vq:3", "vq:2.5", "vq:2:dim=4", "vq:1.5:dim=4", "vq:3:dim=1", "vq:4:pivots=3", "vq:4:pivots=0",
@@ -57,6 +57,18 @@ def test_a_program_that_takes_several_rows_gives_the_same_bits(spec, interpreted
     monkeypatch.setattr(triton_vq, "rows_per_program", lambda rows, rot: 3)
     eager, op = ppc.build(f"{spec}:kernel=eager"), ppc.build(spec)
     for shape in [(2, 3, 576), (4, 512), (2, 100)]:  # 6, 4 and 2 rows: whole and part programs
+        assert_matches_reference(op, eager, sample(shape, torch.bfloat16), ppc.Context(step=3, micro_batch=1))
+
+
+@pytest.mark.parametrize("spec", ["vq:4", "vq:2:dim=4"])
+@pytest.mark.parametrize("rows_per_program", [1, 3])
+def test_signs_read_from_a_table_give_the_same_bits(spec, rows_per_program, interpreted, monkeypatch):
+    """The rotation's signs computed once per message (triton_int's `sign_table`) and read by every program of
+    prepare and decode: the eager reference's bits still."""
+    monkeypatch.setattr(triton_int, "SIGN_TABLE_ROWS", 0)
+    monkeypatch.setattr(triton_vq, "rows_per_program", lambda rows, rot: rows_per_program)
+    eager, op = ppc.build(f"{spec}:kernel=eager"), ppc.build(spec)
+    for shape in [(2, 3, 576), (2, 100)]:  # a row of whole tiles, and one padded to them
         assert_matches_reference(op, eager, sample(shape, torch.bfloat16), ppc.Context(step=3, micro_batch=1))
 
 
@@ -150,19 +162,23 @@ for dtype, d, size, dim, bits, k, rot, r in [("fp32", 2048, 64, 2, 8, 1, True, 4
     tpr, t, logs = block(d, size)
     common = {"D": d, "TPR": tpr, "T": t, "S": size, "LOGS": logs}
     prep = {"x_ptr": f"*{dtype}", "v_ptr": "*fp32", "scale_ptr": "*bf16", "vals_ptr": f"*{dtype}", "pos_ptr": "*i16",
-            "flag_in_ptr": "*i32", "flag_ovf_ptr": "*i32", "rkey": "i64", "slot_in": "i32", "slot_ovf": "i32",
-            "rows": "i32"}
-    build(K.prepare, prep, {**common, "CBMAX": vq.max_coord(dim, bits), "K": k, "ROT": rot, "INV": 1 / math.sqrt(size),
-                            "FLAG_IN": True, "R": r}, warps(t, size))
+            "flag_in_ptr": "*i32", "flag_ovf_ptr": "*i32", "signs_ptr": "*fp32", "rkey": "i64", "slot_in": "i32",
+            "slot_ovf": "i32", "rows": "i32"}
+    tables = (False, True) if rot else (False,)  # the rotation's signs hashed, or read from a table
+    for table in tables:
+        build(K.prepare, prep, {**common, "CBMAX": vq.max_coord(dim, bits), "K": k, "ROT": rot,
+                                "INV": 1 / math.sqrt(size), "FLAG_IN": True, "R": r, "TABLE": table}, warps(t, size))
     g = vq.search_grid(dim, bits)
     search = {"v_ptr": "*fp32", "cb_ptr": "*fp32", "cand_ptr": "*u8", "codes_ptr": "*u8", "n": "i32"}
     for grid in [{"CELLS": g.cells, "KC": g.candidates.shape[1], "LO": g.lo, "INV_H": g.inv_h},
                  {"CELLS": 0, "KC": 0, "LO": 0.0, "INV_H": 0.0}]:
         build(K.search, search, {"B": SEARCH_BLOCK, "DIM": dim, "POINTS": 2**bits, "CBITS": bits, **grid}, SEARCH_WARPS)
     dec = {"codes_ptr": "*u8", "cb_ptr": "*fp32", "scale_ptr": "*bf16", "vals_ptr": f"*{dtype}", "pos_ptr": "*i16",
-           "out_ptr": f"*{dtype}", "flag_ptr": "*i32", "rkey": "i64", "slot": "i32", "rows": "i32"}
-    build(K.decode, dec, {**common, "DIM": dim, "CBITS": bits, "K": k, "ROT": rot, "INV": 1 / math.sqrt(size),
-                          "FLAG": True, "R": r}, warps(t, size))
+           "out_ptr": f"*{dtype}", "flag_ptr": "*i32", "signs_ptr": "*fp32", "rkey": "i64", "slot": "i32",
+           "rows": "i32"}
+    for table in tables:
+        build(K.decode, dec, {**common, "DIM": dim, "CBITS": bits, "K": k, "ROT": rot, "INV": 1 / math.sqrt(size),
+                              "FLAG": True, "R": r, "TABLE": table}, warps(t, size))
 print("compiled")
 """
 
