@@ -5,29 +5,41 @@ import triton.language as tl
 
 
 @triton.jit
-def butterfly(y, P: tl.constexpr, N: tl.constexpr, LOGN: tl.constexpr):
+def butterfly(y, P: tl.constexpr, N: tl.constexpr, LOGN: tl.constexpr, SUMS: tl.constexpr):
     """The Walsh-Hadamard butterfly over each row of y (P, N), N = 2**LOGN: LOGN add/subtract levels, lowest
-    index bit first (the eager reference's order)."""
+    index bit first (the eager reference's order). Each level pairs a = y[i] with b = y[i + h] (bit `level` of i
+    clear) and puts a + b at i, a - b at i + h. Two spellings of the same arithmetic, which Triton lays out in
+    registers differently (`triton_int.BUTTERFLY`): the pair's axis moved last and split (its layout conversions go
+    through shared memory), or with SUMS, a + b and a + (-b) as sums over the pair's axis where it lies (a sum of two
+    terms is exactly a + b in either order, and a - b is a + (-b) in IEEE arithmetic, so the bits are the same), which
+    needs warp shuffles instead."""
     for level in tl.static_range(LOGN):  # half-blocks of h = 2**level values
-        v = tl.permute(tl.reshape(y, (P, N >> (level + 1), 2, 1 << level)), (0, 1, 3, 2))  # (P, pairs, h, 2)
-        a, b = tl.split(v)  # (P, pairs, h) each
-        y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (P, N))
+        if SUMS:
+            v = tl.reshape(y, (P, N >> (level + 1), 2, 1 << level))  # (P, pairs, 2, h)
+            second = (tl.arange(0, 2) == 1)[None, None, :, None]  # (1, 1, 2, 1): b's place
+            total = tl.sum(v, axis=2, keep_dims=True)  # (P, pairs, 1, h): a + b
+            diff = tl.sum(tl.where(second, -v, v), axis=2, keep_dims=True)  # (P, pairs, 1, h): a - b
+            y = tl.reshape(tl.where(second, diff, total), (P, N))
+        else:
+            v = tl.permute(tl.reshape(y, (P, N >> (level + 1), 2, 1 << level)), (0, 1, 3, 2))  # (P, pairs, h, 2)
+            a, b = tl.split(v)  # (P, pairs, h) each
+            y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (P, N))
     return y
 
 
 @triton.jit
-def rotate(y, signs, INV: tl.constexpr, P: tl.constexpr, N: tl.constexpr, LOGN: tl.constexpr):
+def rotate(y, signs, INV: tl.constexpr, P: tl.constexpr, N: tl.constexpr, LOGN: tl.constexpr, SUMS: tl.constexpr):
     """The randomized Hadamard transform of each row of y (P, N): y / sqrt(N) * signs, then the butterfly (the eager
     reference's order: ops/hadamard.py)."""
     y = y * INV
     y = y * signs
-    return butterfly(y, P, N, LOGN)
+    return butterfly(y, P, N, LOGN, SUMS)
 
 
 @triton.jit
-def unrotate(y, signs, INV: tl.constexpr, P: tl.constexpr, N: tl.constexpr, LOGN: tl.constexpr):
+def unrotate(y, signs, INV: tl.constexpr, P: tl.constexpr, N: tl.constexpr, LOGN: tl.constexpr, SUMS: tl.constexpr):
     """The inverse of `rotate`: the butterfly of y / sqrt(N), then * signs."""
-    return butterfly(y * INV, P, N, LOGN) * signs
+    return butterfly(y * INV, P, N, LOGN, SUMS) * signs
 
 
 @triton.jit
@@ -108,7 +120,7 @@ def rne(q):
 def encode(x_ptr, idx_ptr, codes_ptr, scale_ptr, flag_ptr, signs_ptr, rkey, key, slot, rows, LAST: tl.constexpr,
            P: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr, ROT: tl.constexpr, STOCH: tl.constexpr,
            BUMP: tl.constexpr, INV: tl.constexpr, LOGN: tl.constexpr, FLAG: tl.constexpr, R: tl.constexpr,
-           GATHER: tl.constexpr, TABLE: tl.constexpr):
+           GATHER: tl.constexpr, TABLE: tl.constexpr, SUMS: tl.constexpr):
     """Codes and a scale per row of x; with GATHER, row i is x's row idx[i] (int64), as if gathered first (the noise
     follows i)."""
     col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N) positions in the row
@@ -125,7 +137,7 @@ def encode(x_ptr, idx_ptr, codes_ptr, scale_ptr, flag_ptr, signs_ptr, rkey, key,
         y = tl.load(x_ptr + src * LAST + col, mask=valid, other=0.0).to(tl.float32)  # (P, N)
         bad = any_nonfinite(y)  # of x itself, before any arithmetic
         if ROT:
-            y = rotate(y, signs, INV, P, N, LOGN)
+            y = rotate(y, signs, INV, P, N, LOGN, SUMS)
         absmax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)  # the device's max drops NaNs: `bad` looked for them
         if FLAG:  # flag = 1 where any input is NaN/Inf: the encoder's own input check
             tl.atomic_max(flag_ptr + slot, 1, mask=bad)
@@ -153,7 +165,8 @@ def encode(x_ptr, idx_ptr, codes_ptr, scale_ptr, flag_ptr, signs_ptr, rkey, key,
 @triton.jit(do_not_specialize=["rkey", "slot", "rows"])
 def decode(codes_ptr, scale_ptr, idx_ptr, out_ptr, flag_ptr, signs_ptr, rkey, slot, rows, LAST: tl.constexpr,
            P: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr,
-           LOGN: tl.constexpr, FLAG: tl.constexpr, R: tl.constexpr, SCATTER: tl.constexpr, TABLE: tl.constexpr):
+           LOGN: tl.constexpr, FLAG: tl.constexpr, R: tl.constexpr, SCATTER: tl.constexpr, TABLE: tl.constexpr,
+           SUMS: tl.constexpr):
     """The rows of the codes and scales, in out's dtype; with SCATTER, row i goes to out's row idx[i] (int64)."""
     col = tl.arange(0, P)[:, None] * N + tl.arange(0, N)[None, :]  # (P, N)
     whole = tl.broadcast_to((tl.arange(0, P) < LAST // N)[:, None], (P, N))  # whole tile rows: vector accesses
@@ -174,7 +187,7 @@ def decode(codes_ptr, scale_ptr, idx_ptr, out_ptr, flag_ptr, signs_ptr, rkey, sl
             q = tl.reshape(c.to(tl.float32), (P, N)) - top
         y = q * tl.load(scale_ptr + row, mask=row < rows, other=0.0).to(tl.float32)
         if ROT:
-            y = unrotate(y, signs, INV, P, N, LOGN)
+            y = unrotate(y, signs, INV, P, N, LOGN, SUMS)
         out = cast(y, out_ptr.dtype.element_ty)
         dst = row
         if SCATTER:

@@ -39,7 +39,7 @@ def put_pivots(y, col, row, rows, vals_ptr, pos_ptr, K: tl.constexpr):
 @triton.jit(do_not_specialize=["rkey", "rows"])
 def split(x_ptr, t_ptr, vals_ptr, pos_ptr, signs_ptr, rkey, rows, D: tl.constexpr, TPR: tl.constexpr,
           T: tl.constexpr, S: tl.constexpr, LOGS: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr,
-          INV: tl.constexpr, R: tl.constexpr, TABLE: tl.constexpr):
+          INV: tl.constexpr, R: tl.constexpr, TABLE: tl.constexpr, SUMS: tl.constexpr):
     """R rows, one after the other: each one's pivots taken out, [x / sqrt(S) * signs, butterfly] per tile, its tiles
     written to t (rows, TPR * S) fp32."""
     t = tl.arange(0, T)[:, None]  # (T, 1) tiles of the row
@@ -51,14 +51,14 @@ def split(x_ptr, t_ptr, vals_ptr, pos_ptr, signs_ptr, rkey, rows, D: tl.constexp
         y = tl.load(x_ptr + row * D + col, mask=(col < D) & live, other=0.0).to(tl.float32)  # (T, S)
         y = take_pivots(y, col, row, rows, vals_ptr, pos_ptr, D, T, S, K)
         if ROT:
-            y = rotate(y, signs, INV, T, S, LOGS)
+            y = rotate(y, signs, INV, T, S, LOGS, SUMS)
         tl.store(t_ptr + row * (TPR * S) + col, y, mask=(t < TPR) & live)
 
 
 @triton.jit(do_not_specialize=["rkey", "rows"])
 def merge(t_ptr, vals_ptr, pos_ptr, out_ptr, signs_ptr, rkey, rows, D: tl.constexpr, TPR: tl.constexpr,
           T: tl.constexpr, S: tl.constexpr, LOGS: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr,
-          INV: tl.constexpr, R: tl.constexpr, TABLE: tl.constexpr):
+          INV: tl.constexpr, R: tl.constexpr, TABLE: tl.constexpr, SUMS: tl.constexpr):
     """The inverse of `split`: R rows of tiles t (rows, TPR * S) fp32 -> [butterfly(t / sqrt(S)) * signs], the pivots
     put back, written to out (rows, D) in its dtype."""
     t = tl.arange(0, T)[:, None]  # (T, 1)
@@ -69,6 +69,6 @@ def merge(t_ptr, vals_ptr, pos_ptr, out_ptr, signs_ptr, rkey, rows, D: tl.conste
         live = tl.zeros((T, S), tl.int64) + row < rows  # (T, S)
         y = tl.load(t_ptr + row * (TPR * S) + col, mask=(t < TPR) & live, other=0.0)  # (T, S)
         if ROT:
-            y = unrotate(y, signs, INV, T, S, LOGS)
+            y = unrotate(y, signs, INV, T, S, LOGS, SUMS)
         y = put_pivots(y, col, row, rows, vals_ptr, pos_ptr, K)
         tl.store(out_ptr + row * D + col, cast(y, out_ptr.dtype.element_ty), mask=(col < D) & live)

@@ -45,7 +45,7 @@ def nearer(v, cb_ptr, i, DIM: tl.constexpr, best, code):
 def prepare(x_ptr, v_ptr, scale_ptr, vals_ptr, pos_ptr, flag_in_ptr, flag_ovf_ptr, signs_ptr, rkey, slot_in,
             slot_ovf, rows, D: tl.constexpr, TPR: tl.constexpr, T: tl.constexpr, S: tl.constexpr,
             LOGS: tl.constexpr, CBMAX: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr,
-            FLAG_IN: tl.constexpr, R: tl.constexpr, TABLE: tl.constexpr):
+            FLAG_IN: tl.constexpr, R: tl.constexpr, TABLE: tl.constexpr, SUMS: tl.constexpr):
     """R rows, one after the other: each one's pivots, rotation, per-tile scales and checks, and its tiles divided by
     their scales, written to v (rows, TPR * S) fp32 for `search`. The rotation's signs are the same for every row:
     computed once for the R rows."""
@@ -60,7 +60,7 @@ def prepare(x_ptr, v_ptr, scale_ptr, vals_ptr, pos_ptr, flag_in_ptr, flag_ovf_pt
         y = take_pivots(y, col, row, rows, vals_ptr, pos_ptr, D, T, S, K)  # ops/pivoted.py's `split`
         rest = any_nonfinite(y)  # a NaN/Inf left in a tile makes its scale NaN in the reference
         if ROT:
-            y = rotate(y, signs, INV, T, S, LOGS)
+            y = rotate(y, signs, INV, T, S, LOGS, SUMS)
         # per tile: RMS scale, computed as (y / peak)^2 summed, / S, sqrt, * peak (no overflow on the way)
         peak = tl.maximum(tl.max(tl.abs(y), axis=1), 1.1754943508222875e-38)  # (T,) clamped to fp32's tiny
         q = tl.math.div_rn(y, peak[:, None])
@@ -122,7 +122,7 @@ def search(v_ptr, cb_ptr, cand_ptr, codes_ptr, n, B: tl.constexpr, DIM: tl.const
 def decode(codes_ptr, cb_ptr, scale_ptr, vals_ptr, pos_ptr, out_ptr, flag_ptr, signs_ptr, rkey, slot, rows,
            D: tl.constexpr, TPR: tl.constexpr, T: tl.constexpr, S: tl.constexpr, LOGS: tl.constexpr,
            DIM: tl.constexpr, CBITS: tl.constexpr, K: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr,
-           FLAG: tl.constexpr, R: tl.constexpr, TABLE: tl.constexpr):
+           FLAG: tl.constexpr, R: tl.constexpr, TABLE: tl.constexpr, SUMS: tl.constexpr):
     t = tl.arange(0, T)[:, None]  # (T, 1)
     col = t * S + tl.arange(0, S)[None, :]  # (T, S)
     C: tl.constexpr = S // DIM
@@ -152,7 +152,7 @@ def decode(codes_ptr, cb_ptr, scale_ptr, vals_ptr, pos_ptr, out_ptr, flag_ptr, s
         y = y * tl.load(scale_ptr + row * TPR + tiles, mask=(tiles < TPR) & (tiles * 0 + row < rows),
                         other=0.0).to(tl.float32)[:, None]
         if ROT:
-            y = unrotate(y, signs, INV, T, S, LOGS)
+            y = unrotate(y, signs, INV, T, S, LOGS, SUMS)
         y = put_pivots(y, col, row, rows, vals_ptr, pos_ptr, K)
         out = cast(y, out_ptr.dtype.element_ty)
         live = (col < D) & (tl.zeros((T, S), tl.int64) + row < rows)  # (T, S)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import math
 from types import ModuleType
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -110,12 +111,20 @@ SIGN_TABLE_ROWS: int | None = None
 """Rotated tensors with at least this many rows have their rotation's signs computed once per message, as a table
 of the block's positions that one small kernel writes (`sign_table`) and every program of the int, vq and `tile`
 kernels reads, instead of each program hashing every position of its row: the hash (three 64-bit multiplies per
-value) is about half the rotated decoder's instructions and a fifth of the encoder's, and a decoder computes it in two
-register layouts (`benchmarks/ptxas.py --sign-table-rows`). The table costs one more launch per message. None: every
-program hashes (the default until a GPU measures the table faster: `benchmarks/ops.py` and `codec_profile.py` take
-`--sign-table-rows` to time both side by side)."""
+value) is a large share of a rotated kernel's instructions, and a decoder computes it twice, in the register layouts
+of its load and of its store (results/bench/ptxas/README.md). The table costs one more launch per message, which
+small messages feel most. None: every program hashes (the default until a GPU measures the table faster:
+`benchmarks/ops.py` and `codec_profile.py` take `--sign-table-rows` to time both side by side)."""
 SIGN_BLOCK = 1024
 """Positions per program of `sign_table`."""
+BUTTERFLY: Literal["split", "sum"] = "split"
+"""How the rotating kernels (int, vq, `tile`) spell each level of the rotation's butterfly: the same arithmetic and
+the same bits (`_triton_int_kernels.butterfly`), laid out differently by Triton. "split": the pair's axis moved last and
+split, whose layout conversions go through shared memory, with a barrier each; "sum": sums over the pair's axis where
+it lies, which take warp shuffles instead: far fewer barriers in most kernels, and fewer registers in vq's `prepare`,
+but more instructions or shared-memory traffic in some (results/bench/ptxas/README.md). "split" until a GPU times "sum"
+faster: `benchmarks/ops.py` and `codec_profile.py` take `--butterfly` to time both side by side, encode and decode
+apart."""
 
 
 def sign_table(rows: int, length: int, rot_key: int, like: Tensor) -> Tensor | None:
@@ -130,20 +139,20 @@ def sign_table(rows: int, length: int, rot_key: int, like: Tensor) -> Tensor | N
 
 @functools.lru_cache(maxsize=1024)
 def _encode_plan(last: int, bits: int, scale_dtype: torch.dtype, rot: int, stoch: bool, check: bool,
-                 r: int, gather: bool, table: bool) -> tuple[tuple, int]:
+                 r: int, gather: bool, table: bool, butterfly: str) -> tuple[tuple, int]:
     """(the encode kernel's constexprs, its warps): the same few per boundary, worked out once."""
     p, n = tile(last, rot)
     return (last, p, n, bits, bool(rot), stoch, ROUND_UP[scale_dtype], 1 / math.sqrt(n), n.bit_length() - 1,
-            check, r, gather, table), warps(p, n)
+            check, r, gather, table, butterfly == "sum"), warps(p, n)
 
 
 @functools.lru_cache(maxsize=1024)
 def _decode_plan(last: int, bits: int, rot: int, check: bool, r: int, scatter: bool,
-                 table: bool) -> tuple[tuple, int]:
+                 table: bool, butterfly: str) -> tuple[tuple, int]:
     """(the decode kernel's constexprs, its warps)."""
     p, n = tile(last, rot)
     return (last, p, n, bits, bool(rot), 1 / math.sqrt(n), n.bit_length() - 1, check, r, scatter,
-            table), warps(p, n)
+            table, butterfly == "sum"), warps(p, n)
 
 
 def _signs(rows: int, last: int, rot: int, rot_key: int, like: Tensor) -> Tensor | None:
@@ -166,7 +175,7 @@ def sym_encode(x: Tensor, bits: int, scale_dtype: torch.dtype, rot: int = 0, rot
     r = rows_per_program(n_rows, rot)
     signs = _signs(n_rows, last, rot, rot_key, x)
     consts, warps_ = _encode_plan(last, bits, scale_dtype, rot, key is not None, flag is not None, r, rows is not None,
-                                  signs is not None)
+                                  signs is not None, BUTTERFLY)
     x = x.contiguous()
     codes = torch.empty(n_rows * last * bits // 8, dtype=torch.int8 if bits == 8 else torch.uint8, device=x.device)
     scale = torch.empty(n_rows, dtype=scale_dtype, device=x.device)  # (rows,)
@@ -190,7 +199,8 @@ def sym_decode(codes: Tensor, scale: Tensor, shape: tuple[int, ...], dtype: torc
     n_rows = math.prod(shape[:-1])  # per message: no TensorSpec on the hot path
     r = rows_per_program(n_rows, rot)
     signs = _signs(n_rows, shape[-1], rot, rot_key, out)
-    consts, warps_ = _decode_plan(shape[-1], bits, rot, flag is not None, r, rows is not None, signs is not None)
+    consts, warps_ = _decode_plan(shape[-1], bits, rot, flag is not None, r, rows is not None, signs is not None,
+                                  BUTTERFLY)
     launch(_kernels().decode, -(-n_rows // r), (codes.view(torch.int8) if bits == 8 else codes, scale,
                                                 out if rows is None else rows, out, flag.buf if flag else out,
                                                 out if signs is None else signs),

@@ -25,6 +25,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from . import triton_int
 from .triton_int import MAX_TILE, available, rows_per_program, sign_table, warps
 from .triton_launch import launch
 
@@ -58,10 +59,10 @@ def block(d: int, size: int) -> tuple[int, int, int]:
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(d: int, size: int, k: int, rot: bool, r: int, table: bool) -> tuple[tuple, int]:
+def _plan(d: int, size: int, k: int, rot: bool, r: int, table: bool, butterfly: str) -> tuple[tuple, int]:
     """(the kernels' constexprs, their warps) for rows of d values: the same few per boundary, worked out once."""
     tpr, t, logs = block(d, size)
-    return (d, tpr, t, size, logs, k, rot, 1 / math.sqrt(size), r, table), warps(t, size)
+    return (d, tpr, t, size, logs, k, rot, 1 / math.sqrt(size), r, table, butterfly == "sum"), warps(t, size)
 
 
 def _signs(rows: int, d: int, size: int, rot: bool, rot_key: int, like: Tensor) -> Tensor | None:
@@ -76,7 +77,7 @@ def split(x: Tensor, k: int, size: int, rot: bool, rot_key: int) -> tuple[Tensor
     rows = x.numel() // d
     r = rows_per_program(rows, size if rot else 0)
     signs = _signs(rows, d, size, rot, rot_key, x)
-    consts, warps = _plan(d, size, k, rot, r, signs is not None)
+    consts, warps = _plan(d, size, k, rot, r, signs is not None, triton_int.BUTTERFLY)
     x = x.contiguous()
     t = torch.empty((rows * consts[1], size), dtype=torch.float32, device=x.device)  # (tiles, size)
     vals = torch.empty(rows * k, dtype=x.dtype, device=x.device)  # (rows * k,)
@@ -94,7 +95,7 @@ def merge(t: Tensor, vals: Tensor, pos: Tensor, shape: tuple[int, ...], dtype: t
     rows = out.numel() // d
     r = rows_per_program(rows, size if rot else 0)
     signs = _signs(rows, d, size, rot, rot_key, out)
-    consts, warps = _plan(d, size, vals.numel() // rows, rot, r, signs is not None)
+    consts, warps = _plan(d, size, vals.numel() // rows, rot, r, signs is not None, triton_int.BUTTERFLY)
     launch(_kernels().merge, -(-rows // r), (t.contiguous(), vals, pos, out, out if signs is None else signs),
            (rot_key, rows), consts, warps)
     return out

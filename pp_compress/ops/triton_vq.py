@@ -38,6 +38,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from . import triton_int
 from .base import Flag
 from .triton_int import MAX_TILE, available, rows_per_program, sign_table, warps
 from .triton_launch import launch
@@ -104,8 +105,8 @@ def encode(x: Tensor, cb: Tensor, cbmax: float, size: int, dim: int, code_bits: 
     launch(_kernels().prepare, -(-rows // r), (x, v, scale, vals, pos, (flag_in or flag_ovf).buf, flag_ovf.buf,
                                               v if signs is None else signs),
            (rot_key, flag_in.index if flag_in else 0, flag_ovf.index, rows),
-           (d, tpr, t, size, logs, cbmax, k, rot, 1 / math.sqrt(size), flag_in is not None, r, signs is not None),
-           warps(t, size))
+           (d, tpr, t, size, logs, cbmax, k, rot, 1 / math.sqrt(size), flag_in is not None, r, signs is not None,
+            triton_int.BUTTERFLY == "sum"), warps(t, size))
     searched = (grid.cells, grid.candidates.shape[1], grid.lo, grid.inv_h) if grid else (0, 0, 0.0, 0.0)
     launch(_kernels().search, -(-n // SEARCH_BLOCK), (v, cb, grid.candidates if grid else cb, codes), (n,),
            (SEARCH_BLOCK, dim, cb.shape[0], code_bits, *searched), SEARCH_WARPS)
@@ -128,5 +129,5 @@ def decode(codes: Tensor, cb: Tensor, scale: Tensor, vals: Tensor, pos: Tensor, 
                                              out if signs is None else signs),
            (rot_key, flag.index if flag else 0, rows),
            (d, tpr, t, size, logs, dim, code_bits, k, rot, 1 / math.sqrt(size), flag is not None, r,
-            signs is not None), warps(t, size))
+            signs is not None, triton_int.BUTTERFLY == "sum"), warps(t, size))
     return out

@@ -60,8 +60,12 @@ def profile_spec(spec: str, x: torch.Tensor, rounds: int, top: int, shapes: bool
            (torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU)) / rounds / 1e3,
            "kernels": kernels / rounds, "syncs": syncs / rounds}
     ops = sorted((e for e in events if e.key.startswith("aten::") and dev_us(e) > 0), key=dev_us, reverse=True)[:top]
+    # the device kernels themselves (the Triton kernels have no aten operator above them), named `kernel <name>`
+    ops += sorted((e for e in events if cuda and e.device_type == torch.autograd.DeviceType.CUDA and dev_us(e) > 0),
+                  key=dev_us, reverse=True)[:top]
     shape = lambda e: f" {e.input_shapes}" if shapes else ""  # noqa: E731
-    lines = [f"| `{spec}{label}` | {e.key}{shape(e)} | {e.count // rounds} | {dev_us(e) / rounds / 1e3:.3f} |"
+    name = lambda e: e.key if e.key.startswith("aten::") else f"kernel {e.key[:60]}"  # noqa: E731 (torch's: long)
+    lines = [f"| `{spec}{label}` | {name(e)}{shape(e)} | {e.count // rounds} | {dev_us(e) / rounds / 1e3:.3f} |"
              for e in ops]
     return row, lines
 
@@ -89,8 +93,8 @@ def main() -> None:
              f"rounds after 3 warm-ups; `copy_` of the same tensor: {copy_ms:.3f} ms (median).", "",
              "| spec | wall ms per round | kernel ms per round | kernels per round | host syncs per round |",
              "|---|---|---|---|---|"]
-    tops = ["", "Operators with the most device time (self time, per round):", "", "| spec | operator | calls | ms |",
-            "|---|---|---|---|"]
+    tops = ["", "Operators and device kernels with the most device time (self time, per round):", "",
+            "| spec | operator or kernel | calls | ms |", "|---|---|---|---|"]
     for spec, setting in [(s, k) for s in args.spec for k in kernel_settings.settings(args)]:
         with kernel_settings.applied(setting):
             row, top = profile_spec(spec, x, args.rounds, args.top, args.shapes, kernel_settings.label(setting))

@@ -4,7 +4,8 @@ their defaults until a GPU measures another value faster:
 
 - `--rows-per-program N`: rows one program of the rotated int and vq kernels takes (ROWS_PER_PROGRAM);
 - `--sign-table-rows N|off`: rotated tensors with at least N rows read the rotation's signs from a table computed once
-  per message (SIGN_TABLE_ROWS; off: every program hashes them).
+  per message (SIGN_TABLE_ROWS; off: every program hashes them);
+- `--butterfly split|sum`: how the rotating kernels spell the rotation's butterfly (BUTTERFLY).
 """
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from typing import Iterator
 
 from pp_compress.ops import triton_int
 
-SETTINGS = {"rows_per_program": "ROWS_PER_PROGRAM", "sign_table_rows": "SIGN_TABLE_ROWS"}
+SETTINGS = {"rows_per_program": "ROWS_PER_PROGRAM", "sign_table_rows": "SIGN_TABLE_ROWS", "butterfly": "BUTTERFLY"}
 """Each option's dest and the triton_int constant it sets."""
 
-Setting = tuple[tuple[str, int | None], ...]
+Setting = tuple[tuple[str, int | str | None], ...]
 """(dest, value) for each option given on the command line: () where none was."""
 
 
@@ -53,6 +54,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="rotated tensors with at least this many rows read the rotation's signs from a table made "
                          "once per message; off: every program hashes them (pp_compress.ops.triton_int."
                          "SIGN_TABLE_ROWS; default: the library's)")
+    ap.add_argument("--butterfly", choices=["split", "sum"], action="append", default=None,
+                    help="how the rotating kernels spell the rotation's butterfly (pp_compress.ops.triton_int."
+                         "BUTTERFLY; default: the library's)")
 
 
 def settings(args: argparse.Namespace) -> list[Setting]:
@@ -64,7 +68,8 @@ def settings(args: argparse.Namespace) -> list[Setting]:
 def label(setting: Setting) -> str:
     """How a measurement names its setting next to the spec: "" for the library's defaults."""
     words = {"rows_per_program": lambda v: f"{v} rows/program",
-             "sign_table_rows": lambda v: "signs hashed" if v is None else f"sign table from {v} rows"}
+             "sign_table_rows": lambda v: "signs hashed" if v is None else f"sign table from {v} rows",
+             "butterfly": lambda v: f"{v} butterfly"}
     return f" [{', '.join(words[dest](v) for dest, v in setting)}]" if setting else ""
 
 

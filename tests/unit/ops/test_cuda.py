@@ -60,19 +60,21 @@ def test_the_rotation_by_matrix_product_on_cuda_is_the_butterfly(n):
 
 
 @pytest.mark.parametrize("spec", ["int8", "safe", "aggressive", "int4:rot", "nf6", "int3:stoch", "tile:3.5",
-                                  "topk:0.5:index=bitmap", "int1", "safe:table", "aggressive:table"])
+                                  "topk:0.5:index=bitmap", "int1", "safe:table+sums", "aggressive:table+sums"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_deferred_message_never_waits_for_the_device(spec, dtype, monkeypatch):
     """With the non-finite checks deferred (what every engine does on a GPU), compress + decompress of a preset makes
     no synchronizing CUDA call after warm-up: torch's sync debug mode turns any into an error. Also `tile`, `topk`'s
     bitmap and `int1`, whose paths were made free of host reads without a GPU to check them on, and the presets with
-    the rotation's signs from a table (`:table`: triton_int.SIGN_TABLE_ROWS = 0)."""
+    the rotation's signs from a table and its butterfly as sums (`:table+sums`: the kernel settings not yet the
+    default, triton_int.SIGN_TABLE_ROWS = 0 and BUTTERFLY = "sum")."""
     from pp_compress.ops import triton_int
     from pp_compress.ops.base import Deferred
 
-    if spec.endswith(":table"):
-        spec = spec.removesuffix(":table")
+    if spec.endswith(":table+sums"):
+        spec = spec.removesuffix(":table+sums")
         monkeypatch.setattr(triton_int, "SIGN_TABLE_ROWS", 0)
+        monkeypatch.setattr(triton_int, "BUTTERFLY", "sum")
     deferred = Deferred()
     cfg = ppc.parse_spec(spec)
     for direction in ("act", "grad"):
@@ -126,12 +128,14 @@ def test_the_triton_kernels_are_the_eager_reference_on_cuda(spec, dtype, shape):
 
 @pytest.mark.parametrize("spec", ["int8:rot", "int3:rot:stoch", "vq:4", "vq:2:dim=4", "tile:3.5"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_signs_read_from_a_table_are_the_eager_reference_on_cuda(spec, dtype, monkeypatch):
-    """With the rotation's signs computed once per message (triton_int.SIGN_TABLE_ROWS), the compiled kernels still
-    give the eager reference's payloads and reconstructions bitwise."""
+@pytest.mark.parametrize("table,butterfly", [(True, "split"), (False, "sum"), (True, "sum")])
+def test_the_other_kernel_settings_are_the_eager_reference_on_cuda(spec, dtype, table, butterfly, monkeypatch):
+    """With the rotation's signs computed once per message (triton_int.SIGN_TABLE_ROWS) and its butterfly as sums
+    (BUTTERFLY), the compiled kernels still give the eager reference's payloads and reconstructions bitwise."""
     from pp_compress.ops import triton_int
 
-    monkeypatch.setattr(triton_int, "SIGN_TABLE_ROWS", 0)
+    monkeypatch.setattr(triton_int, "SIGN_TABLE_ROWS", 0 if table else None)
+    monkeypatch.setattr(triton_int, "BUTTERFLY", butterfly)
     x = (torch.randn(2, 64, 2048, generator=torch.Generator().manual_seed(4)) * 3).to(device="cuda", dtype=dtype)
     x[..., 0, 5] = 40.0
     op, eager = ppc.build(spec), ppc.build(f"{spec}:kernel=eager")

@@ -89,15 +89,31 @@ def test_rows_per_program(monkeypatch):
 
 @pytest.mark.parametrize("spec", ["int8:rot", "int3:rot:stoch", "int7:rot=16", "int4:scale=fp32:rot"])
 @pytest.mark.parametrize("rows_per_program", [1, 3])
-def test_signs_read_from_a_table_give_the_same_bits(spec, rows_per_program, interpreted, monkeypatch):
-    """The rotation's signs computed once per message (`sign_table`) and read by every program: the eager reference's
-    codes, scales and outputs still, with one program per row and with several."""
+@pytest.mark.parametrize("butterfly", ["split", "sum"])
+def test_signs_read_from_a_table_and_the_butterfly_as_sums_give_the_same_bits(spec, rows_per_program, butterfly,
+                                                                             interpreted, monkeypatch):
+    """The rotation's signs computed once per message (`sign_table`) and read by every program, and the butterfly
+    spelled either way (`BUTTERFLY`): the eager reference's codes, scales and outputs still, with one program per row
+    and with several, signed zeros included."""
     monkeypatch.setattr(triton_int, "SIGN_TABLE_ROWS", 0)
+    monkeypatch.setattr(triton_int, "BUTTERFLY", butterfly)
     monkeypatch.setattr(triton_int, "rows_per_program", lambda rows, rot: rows_per_program)
     eager, op = ppc.build(f"{spec}:kernel=eager"), ppc.build(spec)
     for shape in [(2, 3, 576), (4, 512), (1, 48)]:
         if triton_int.supports(shape[-1], op.config.bits, op.config.rot_block(shape, "test")):
-            assert_matches_reference(op, eager, sample(shape, torch.bfloat16), ppc.Context(step=3, micro_batch=1))
+            x = sample(shape, torch.bfloat16)
+            x[..., 0, :] = -0.0  # a row of negative zeros: each level's sums keep the reference's signs of zero
+            assert_matches_reference(op, eager, x, ppc.Context(step=3, micro_batch=1))
+
+
+@pytest.mark.parametrize("spec", ["int8:rot", "int4:rot:stoch", "int8:rot=2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_butterfly_as_sums_is_the_eager_reference_bitwise(spec, dtype, interpreted, monkeypatch):
+    monkeypatch.setattr(triton_int, "BUTTERFLY", "sum")
+    eager, op = ppc.build(f"{spec}:kernel=eager"), ppc.build(spec)
+    for shape in [(2, 3, 576), (3, 40)]:
+        if triton_int.supports(shape[-1], op.config.bits, op.config.rot_block(shape, "test")):
+            assert_matches_reference(op, eager, sample(shape, dtype), ppc.Context(step=3, micro_batch=1))
 
 
 def test_the_sign_table_holds_the_references_signs_and_is_made_only_where_asked(interpreted, monkeypatch):
@@ -229,12 +245,15 @@ for dtype, bits, rot, stoch, last, r in [("fp32", 8, 256, False, 2048, 4), ("bf1
            "signs_ptr": "*fp32", "rkey": "i64", "key": "i64", "slot": "i32", "rows": "i32"}
     dec = {"codes_ptr": codes, "scale_ptr": "*bf16", "idx_ptr": "*i64", "out_ptr": f"*{dtype}", "flag_ptr": "*i32",
            "signs_ptr": "*fp32", "rkey": "i64", "slot": "i32", "rows": "i32"}
-    # tile's parts gather and scatter their rows; a large rotated tensor may read its signs from a table
-    for indexed, table in [(False, False), (True, False)] + [(False, True)] * bool(rot):
+    # tile's parts gather and scatter their rows; a rotation may read its signs from a table, and spell its
+    # butterfly as sums
+    for indexed, table, sums in [(False, False, False), (True, False, False)] + [(False, True, False),
+                                                                                (False, True, True)] * bool(rot):
         ptx = hopper_ptx(K.encode, enc, {**const, "STOCH": stoch, "BUMP": 2.0**-7, "FLAG": True, "GATHER": indexed,
-                                         "TABLE": table}, warps(p, n))
+                                         "TABLE": table, "SUMS": sums}, warps(p, n))
         assert last < 576 or "ld.global.v4" in ptx, (dtype, bits)  # vector loads of x
-        hopper_ptx(K.decode, dec, {**const, "FLAG": True, "SCATTER": indexed, "TABLE": table}, warps(p, n))
+        hopper_ptx(K.decode, dec, {**const, "FLAG": True, "SCATTER": indexed, "TABLE": table, "SUMS": sums},
+                   warps(p, n))
 hopper_ptx(K.sign_table, {"out_ptr": "*fp32", "rkey": "i64", "n": "i32"}, {"BLOCK": 1024}, 4)
 for bits, exp in [("*i32", 0x7F800000), ("*i16", 0x7F80)]:
     hopper_ptx(K.screen, {"bits_ptr": bits, "flag_ptr": "*i32", "n": "i32", "slot": "i32"}, {"BLOCK": 4096, "EXP": exp}, 4)

@@ -53,12 +53,14 @@ def test_tile_through_the_device_kernels_is_the_eager_reference_bitwise(spec, dt
 
 
 @pytest.mark.parametrize("rot", [True, False])
-@pytest.mark.parametrize("table", [False, True])
-def test_a_program_that_takes_several_rows_gives_the_same_bits(rot, table, interpreted, monkeypatch):
-    """Several rows per program (the rotation's signs computed once for them, or read from the message's table), the
-    last program's rows partly past the end: the eager reference's tiles, pivots and rows still."""
+@pytest.mark.parametrize("table,butterfly", [(False, "split"), (True, "split"), (True, "sum")])
+def test_a_program_that_takes_several_rows_gives_the_same_bits(rot, table, butterfly, interpreted, monkeypatch):
+    """Several rows per program (the rotation's signs computed once for them, or read from the message's table, and
+    its butterfly spelled either way), the last program's rows partly past the end: the eager reference's tiles, pivots
+    and rows still."""
     monkeypatch.setattr(triton_pivoted, "rows_per_program", lambda rows, rot: 3)
     monkeypatch.setattr(triton_int, "SIGN_TABLE_ROWS", 0 if table else None)
+    monkeypatch.setattr(triton_int, "BUTTERFLY", butterfly)
     ctx = ppc.Context(step=1)
     for shape in [(2, 3, 576), (4, 512), (2, 100)]:  # 6, 4 and 2 rows: whole and part programs
         x = sample(shape, torch.bfloat16)
@@ -115,9 +117,10 @@ from tests.unit.ops.interpreted import hopper_ptx as build
 for dtype, d, size, k, rot, r in [("fp32", 2048, 64, 1, True, 4), ("bf16", 576, 64, 1, True, 1),
                                   ("fp16", 576, 16, 2, False, 1), ("bf16", 40, 64, 0, True, 1)]:
     tpr, t, logs = block(d, size)
-    for table in (False, True) if rot else (False,):  # the rotation's signs hashed, or read from a table
+    # the rotation's signs hashed or read from a table, its butterfly split or as sums
+    for table, sums in [(False, False), (True, False), (True, True)] if rot else [(False, False)]:
         consts = {"D": d, "TPR": tpr, "T": t, "S": size, "LOGS": logs, "K": k, "ROT": rot, "INV": 1 / math.sqrt(size),
-                  "R": r, "TABLE": table}
+                  "R": r, "TABLE": table, "SUMS": sums}
         build(K.split, {"x_ptr": f"*{dtype}", "t_ptr": "*fp32", "vals_ptr": f"*{dtype}", "pos_ptr": "*i16",
                         "signs_ptr": "*fp32", "rkey": "i64", "rows": "i32"}, consts, warps(t, size))
         build(K.merge, {"t_ptr": "*fp32", "vals_ptr": f"*{dtype}", "pos_ptr": "*i16", "out_ptr": f"*{dtype}",

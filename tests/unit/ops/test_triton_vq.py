@@ -62,10 +62,13 @@ def test_a_program_that_takes_several_rows_gives_the_same_bits(spec, interpreted
 
 @pytest.mark.parametrize("spec", ["vq:4", "vq:2:dim=4"])
 @pytest.mark.parametrize("rows_per_program", [1, 3])
-def test_signs_read_from_a_table_give_the_same_bits(spec, rows_per_program, interpreted, monkeypatch):
+@pytest.mark.parametrize("butterfly", ["split", "sum"])
+def test_signs_read_from_a_table_and_the_butterfly_as_sums_give_the_same_bits(spec, rows_per_program, butterfly,
+                                                                             interpreted, monkeypatch):
     """The rotation's signs computed once per message (triton_int's `sign_table`) and read by every program of
-    prepare and decode: the eager reference's bits still."""
+    prepare and decode, the butterfly spelled either way (triton_int.BUTTERFLY): the eager reference's bits still."""
     monkeypatch.setattr(triton_int, "SIGN_TABLE_ROWS", 0)
+    monkeypatch.setattr(triton_int, "BUTTERFLY", butterfly)
     monkeypatch.setattr(triton_vq, "rows_per_program", lambda rows, rot: rows_per_program)
     eager, op = ppc.build(f"{spec}:kernel=eager"), ppc.build(spec)
     for shape in [(2, 3, 576), (2, 100)]:  # a row of whole tiles, and one padded to them
@@ -164,10 +167,12 @@ for dtype, d, size, dim, bits, k, rot, r in [("fp32", 2048, 64, 2, 8, 1, True, 4
     prep = {"x_ptr": f"*{dtype}", "v_ptr": "*fp32", "scale_ptr": "*bf16", "vals_ptr": f"*{dtype}", "pos_ptr": "*i16",
             "flag_in_ptr": "*i32", "flag_ovf_ptr": "*i32", "signs_ptr": "*fp32", "rkey": "i64", "slot_in": "i32",
             "slot_ovf": "i32", "rows": "i32"}
-    tables = (False, True) if rot else (False,)  # the rotation's signs hashed, or read from a table
-    for table in tables:
+    # the rotation's signs hashed or read from a table, its butterfly split or as sums
+    variants = [(False, False), (True, False), (True, True)] if rot else [(False, False)]
+    for table, sums in variants:
         build(K.prepare, prep, {**common, "CBMAX": vq.max_coord(dim, bits), "K": k, "ROT": rot,
-                                "INV": 1 / math.sqrt(size), "FLAG_IN": True, "R": r, "TABLE": table}, warps(t, size))
+                                "INV": 1 / math.sqrt(size), "FLAG_IN": True, "R": r, "TABLE": table, "SUMS": sums},
+              warps(t, size))
     g = vq.search_grid(dim, bits)
     search = {"v_ptr": "*fp32", "cb_ptr": "*fp32", "cand_ptr": "*u8", "codes_ptr": "*u8", "n": "i32"}
     for grid in [{"CELLS": g.cells, "KC": g.candidates.shape[1], "LO": g.lo, "INV_H": g.inv_h},
@@ -176,9 +181,9 @@ for dtype, d, size, dim, bits, k, rot, r in [("fp32", 2048, 64, 2, 8, 1, True, 4
     dec = {"codes_ptr": "*u8", "cb_ptr": "*fp32", "scale_ptr": "*bf16", "vals_ptr": f"*{dtype}", "pos_ptr": "*i16",
            "out_ptr": f"*{dtype}", "flag_ptr": "*i32", "signs_ptr": "*fp32", "rkey": "i64", "slot": "i32",
            "rows": "i32"}
-    for table in tables:
+    for table, sums in variants:
         build(K.decode, dec, {**common, "DIM": dim, "CBITS": bits, "K": k, "ROT": rot, "INV": 1 / math.sqrt(size),
-                              "FLAG": True, "R": r, "TABLE": table}, warps(t, size))
+                              "FLAG": True, "R": r, "TABLE": table, "SUMS": sums}, warps(t, size))
 print("compiled")
 """
 
