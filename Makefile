@@ -39,9 +39,10 @@ models: $(STAMP)
 	$(VPY) -m pip install -q -c $(VENV)/constraints.txt gguf==0.19.0 accelerate==1.15.0  # transformers needs accelerate to read GGUF
 	$(VPY) recipes/convert.py
 
-# the 25 slowest tests at the end: CI must stay well under 30 minutes on 2 cores
+# two workers (the single-process tests run side by side), the 25 slowest tests at the end: CI must stay well under
+# 30 minutes on 2 cores
 test: $(STAMP)
-	$(VPY) -m pytest tests --durations=25
+	$(VPY) -m pytest tests -n 2 --durations=25
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
