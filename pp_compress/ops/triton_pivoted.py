@@ -65,8 +65,8 @@ def _plan(d: int, size: int, k: int, rot: bool, r: int, table: bool, butterfly: 
     return (d, tpr, t, size, logs, k, rot, 1 / math.sqrt(size), r, table, butterfly == "sum"), warps(t, size)
 
 
-def _signs(rows: int, d: int, size: int, rot: bool, rot_key: int, like: Tensor) -> Tensor | None:
-    """`sign_table` for the kernels' (T, size) block of rows of d values, where they rotate."""
+def block_signs(rows: int, d: int, size: int, rot: bool, rot_key: int, like: Tensor) -> Tensor | None:
+    """`sign_table` for the (T, size) block of rows of d values that these kernels and vq's hold, where they rotate."""
     return sign_table(rows, block(d, size)[1] * size, rot_key, like) if rot else None
 
 
@@ -76,7 +76,7 @@ def split(x: Tensor, k: int, size: int, rot: bool, rot_key: int) -> tuple[Tensor
     d = x.shape[-1]
     rows = x.numel() // d
     r = rows_per_program(rows, size if rot else 0)
-    signs = _signs(rows, d, size, rot, rot_key, x)
+    signs = block_signs(rows, d, size, rot, rot_key, x)
     consts, warps = _plan(d, size, k, rot, r, signs is not None, triton_int.BUTTERFLY)
     x = x.contiguous()
     t = torch.empty((rows * consts[1], size), dtype=torch.float32, device=x.device)  # (tiles, size)
@@ -94,7 +94,7 @@ def merge(t: Tensor, vals: Tensor, pos: Tensor, shape: tuple[int, ...], dtype: t
     d = shape[-1]
     rows = out.numel() // d
     r = rows_per_program(rows, size if rot else 0)
-    signs = _signs(rows, d, size, rot, rot_key, out)
+    signs = block_signs(rows, d, size, rot, rot_key, out)
     consts, warps = _plan(d, size, vals.numel() // rows, rot, r, signs is not None, triton_int.BUTTERFLY)
     launch(_kernels().merge, -(-rows // r), (t.contiguous(), vals, pos, out, out if signs is None else signs),
            (rot_key, rows), consts, warps)

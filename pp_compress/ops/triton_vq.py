@@ -40,9 +40,9 @@ from torch import Tensor
 
 from . import triton_int
 from .base import Flag
-from .triton_int import MAX_TILE, available, rows_per_program, sign_table, warps
+from .triton_int import MAX_TILE, available, rows_per_program, warps
 from .triton_launch import launch
-from .triton_pivoted import block
+from .triton_pivoted import block, block_signs
 
 
 @functools.lru_cache(maxsize=256)
@@ -101,7 +101,7 @@ def encode(x: Tensor, cb: Tensor, cbmax: float, size: int, dim: int, code_bits: 
     vals = torch.empty(rows * k, dtype=x.dtype, device=x.device)  # (rows * k,)
     pos = torch.empty(rows * k, dtype=torch.int16, device=x.device)
     r = rows_per_program(rows, size if rot else 0)
-    signs = sign_table(rows, t * size, rot_key, x) if rot else None  # (T * size,) fp32, or hashed in the kernel
+    signs = block_signs(rows, d, size, rot, rot_key, x)  # (T * size,) fp32, or None: hashed in the kernel
     launch(_kernels().prepare, -(-rows // r), (x, v, scale, vals, pos, (flag_in or flag_ovf).buf, flag_ovf.buf,
                                               v if signs is None else signs),
            (rot_key, flag_in.index if flag_in else 0, flag_ovf.index, rows),
@@ -124,7 +124,7 @@ def decode(codes: Tensor, cb: Tensor, scale: Tensor, vals: Tensor, pos: Tensor, 
     k = vals.numel() * d // out.numel()  # pivots per row
     rows = out.numel() // d
     r = rows_per_program(rows, size if rot else 0)
-    signs = sign_table(rows, t * size, rot_key, out) if rot else None
+    signs = block_signs(rows, d, size, rot, rot_key, out)
     launch(_kernels().decode, -(-rows // r), (codes, cb, scale, vals, pos, out, flag.buf if flag else out,
                                              out if signs is None else signs),
            (rot_key, flag.index if flag else 0, rows),
