@@ -39,10 +39,11 @@ models: $(STAMP)
 	$(VPY) -m pip install -q -c $(VENV)/constraints.txt gguf==0.19.0 accelerate==1.15.0  # transformers needs accelerate to read GGUF
 	$(VPY) recipes/convert.py
 
-# two workers (the single-process tests run side by side), the 25 slowest tests at the end: CI must stay well under
-# 30 minutes on 2 cores
+# two workers, one thread each (as many as the cores: torch's threads would wait on each other), and a worker that runs
+# out of tests takes half of the other's (the multi-process tests come first and take most of the time); the 25
+# slowest tests at the end: CI must stay well under 30 minutes on 2 cores
 test: $(STAMP)
-	$(VPY) -m pytest tests -n 2 --durations=25
+	OMP_NUM_THREADS=1 $(VPY) -m pytest tests -n 2 --dist worksteal --durations=25
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

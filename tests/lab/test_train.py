@@ -107,23 +107,46 @@ def test_the_bottleneck_learns_at_its_own_rate_and_the_rest_at_lr():
         train.param_groups(model, 1e-4, 0.0)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--bottleneck-grad-weight", "2"], "--bottleneck-grad-weight 2.0 without --bottleneck: there is no bottleneck"),
-    (["--bottleneck", "4", "--bottleneck-fisher-damping", "0.5"],
+@pytest.mark.parametrize("flags, checkpoint, message", [
+    (["--bottleneck-grad-weight", "2"], "a checkpoint",
+     "--bottleneck-grad-weight 2.0 without --bottleneck: there is no bottleneck"),
+    (["--bottleneck", "4", "--bottleneck-fisher-damping", "0.5"], "a checkpoint",
      "--bottleneck-fisher-damping 0.5 with --bottleneck-init pca: it applies to --bottleneck-init fisher only"),
-    (["--bottleneck", "4", "--bottleneck-grad-weight", "2"],
+    (["--bottleneck", "4", "--bottleneck-grad-weight", "2"], "a checkpoint",
      "--bottleneck-grad-weight 2.0 with --bottleneck-init pca: it applies to --bottleneck-init blend only"),
-    (["--bottleneck", "4", "--bottleneck-init", "blend", "--bottleneck-grad-weight", "0"],
+    (["--bottleneck", "4", "--bottleneck-init", "blend", "--bottleneck-grad-weight", "0"], "a checkpoint",
      "--bottleneck-grad-weight 0.0; accepted: a number > 0 (0 is --bottleneck-init pca)"),
-    (["--bottleneck", "4", "--bottleneck-init", "fisher", "--bottleneck-fisher-damping", "-1"],
+    (["--bottleneck", "4", "--bottleneck-init", "fisher", "--bottleneck-fisher-damping", "-1"], "a checkpoint",
      "--bottleneck-fisher-damping -1.0; accepted: a number > 0"),
+    # a token table is fitted on data from a pretrained model, or seeded random from scratch: nothing else
+    (["--bottleneck", "4", "--bottleneck-tokens", "--bottleneck-init", "random"], "a checkpoint",
+     "--bottleneck-tokens with --bottleneck-init random from a pretrained --checkpoint"),
+    (["--bottleneck", "16", "--bottleneck-tokens", "--bottleneck-init", "identity"], None,
+     "--bottleneck-tokens with --bottleneck-init identity: its table is fitted"),
+    (["--bottleneck", "16", "--bottleneck-residual", "8", "--bottleneck-frozen"], None,
+     "--bottleneck-residual 8 with --bottleneck-frozen; accepted: 0, or a width >= 1"),
 ])
-def test_a_bottleneck_inits_options_are_refused_where_they_do_not_apply(flags, message):
+def test_a_bottleneck_inits_options_are_refused_where_they_do_not_apply(flags, checkpoint, message):
     from pp_lab.model import GPTConfig
 
     args = train.add_args(argparse.ArgumentParser(), 10, 1e-3).parse_args(["--out", "x", *flags])
     with pytest.raises(SystemExit, match=re.escape(message)):
-        train.with_bottleneck(args, GPTConfig.preset("tiny", vocab_size=256), "a checkpoint", None)
+        train.with_bottleneck(args, GPTConfig.preset("tiny", vocab_size=256), checkpoint, None)
+
+
+def test_muon_refuses_the_torch_engine_and_a_bottleneck_rate_of_its_own():
+    """Both before any work: pretrain.py checks the engine right after parsing its arguments, and the parameter groups
+    are made before DeepSpeed's engine (test_recipes.py's muon test runs what muon accepts)."""
+    from torch import nn
+
+    from pp_lab import torch_engine
+
+    args = train.add_args(argparse.ArgumentParser(), 10, 1e-3).parse_args(["--out", "x", "--untied", "--optimizer",
+                                                                           "muon"])
+    with pytest.raises(SystemExit, match="--engine torch does not support --optimizer muon; use --engine deepspeed"):
+        torch_engine.check(args)
+    with pytest.raises(SystemExit, match=re.escape("--bottleneck-lr-scale 10.0 with --optimizer muon; accepted: 1")):
+        train.param_groups(nn.Linear(4, 4), 1e-3, 10.0, "muon")
 
 
 def test_the_pca_init_needs_a_pretrained_checkpoint():

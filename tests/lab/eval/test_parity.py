@@ -9,7 +9,8 @@ import torch
 
 pytest.importorskip("lm_eval")
 from pp_lab.eval.lm import PPCompressLM, stage_cuts  # noqa: E402
-from pp_lab.eval.parity import compare, margin_for  # noqa: E402
+from pp_lab.eval.parity import compare, margin_for, scored_baseline  # noqa: E402
+from pp_lab.eval.tasks import task_dir  # noqa: E402
 from pp_lab import data  # noqa: E402
 from pp_lab.model import GPTConfig, lm_loss  # noqa: E402
 from tests.integration.launch import ROOT  # noqa: E402
@@ -43,35 +44,39 @@ def test_parity_command_passes_identical_and_fails_broken_settings(run_dir, tmp_
     env = {"PYTHONPATH": str(ROOT), "PP_COMPRESS_CACHE": str(cache), "HF_HOME": str(cache / "hf"), "PATH": "/usr/bin:/bin"}
     cmd = [sys.executable, str(ROOT / "eval/parity.py"), "--baseline", str(out), "--corpus", "fixture", "--stages", "2", "--no-cache",
            "--limit", "30", "--out", str(tmp_path / "rep")]
-    same = subprocess.run(cmd + ["--candidate", f"{out}@identity"], env=env, capture_output=True, text=True, timeout=600)
-    assert same.returncode == 0, same.stdout[-2000:] + same.stderr[-2000:]
+    # an identical setting and one that keeps one value in 500, which wrecks the model: the bits-per-byte verdict
+    # must catch the second, and one candidate worse fails the command
+    both = subprocess.run(cmd + ["--candidate", f"{out}@identity", "--candidate", f"{out}@topk:0.002"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert both.returncode == 1, both.stdout[-2000:] + both.stderr[-2000:]
     rep = json.loads((tmp_path / "rep.json").read_text())
-    rows = rep["candidates"][0]["metrics"]
-    assert rows and all(r["delta"] == 0 for r in rows.values())
+    same, broken = (c["metrics"] for c in rep["candidates"])
+    assert same and all(r["delta"] == 0 for r in same.values())
     assert rep["command"].startswith("python eval/parity.py --baseline") and f"Command: `{rep['command']}`" in (tmp_path / "rep.md").read_text()
     # the 16-step model guesses the multiple-choice tasks: those accuracies are at chance and do not gate
-    assert {k: r["verdict"] for k, r in rows.items() if r["verdict"] != "parity"} == {
+    assert {k: r["verdict"] for k, r in same.items() if r["verdict"] != "parity"} == {
         "ppc_fixture_nextline/acc": "at chance", "ppc_fixture_nextline/acc_norm": "at chance", "ppc_fixture_wordorder/acc": "at chance"}
-    # a boundary that keeps one value in 500 wrecks the model: the bits-per-byte verdict must catch it
-    broken = subprocess.run(cmd + ["--candidate", f"{out}@topk:0.002"], env=env, capture_output=True, text=True, timeout=600)
-    rows = json.loads((tmp_path / "rep.json").read_text())["candidates"][0]["metrics"]
-    assert broken.returncode == 1 and rows["ppc_fixture_ppl/bits_per_byte"]["verdict"] == "worse", broken.stdout[-3000:]
-    # --task: only the tasks named
+    assert broken["ppc_fixture_ppl/bits_per_byte"]["verdict"] == "worse", both.stdout[-3000:]
+    # --task: only the tasks named; the identical setting alone passes
     one = subprocess.run(cmd + ["--candidate", f"{out}@identity", "--task", "lastword"], env=env, capture_output=True,
                          text=True, timeout=600)
     rows = json.loads((tmp_path / "rep.json").read_text())["candidates"][0]["metrics"]
     assert one.returncode == 0 and sorted(rows) == ["ppc_fixture_lastword/acc", "ppc_fixture_lastword/ll"], one.stdout[-2000:]
     # a committed report's per-document values stand in for the baseline: the same verdicts without its checkpoint
-    scored = cmd[:cmd.index("--baseline")] + ["--baseline", str(tmp_path / "rep.docs.json")] + cmd[cmd.index("--baseline") + 2:]
+    scores = tmp_path / "rep.docs.json"
+    scored = cmd[:cmd.index("--baseline")] + ["--baseline", str(scores)] + cmd[cmd.index("--baseline") + 2:]
     again = subprocess.run([*scored, "--candidate", f"{out}@identity", "--task", "lastword", "--out", str(tmp_path / "again")],
                            env=env, capture_output=True, text=True, timeout=600)
     reused = json.loads((tmp_path / "again.json").read_text())
     assert again.returncode == 0 and reused["candidates"][0]["metrics"] == rows, again.stderr[-2000:]
-    assert reused["baseline"] == {"checkpoint": str(out), "compress": "none", "scores": str(tmp_path / "rep.docs.json")}
-    other = subprocess.run([*scored, "--candidate", f"{out}@identity", "--limit", "20"], env=env, capture_output=True, text=True, timeout=600)
-    assert other.returncode != 0 and "--limit 30, not --stages 2 --limit 20" in other.stderr, other.stderr[-2000:]
-    more = subprocess.run([*scored, "--candidate", f"{out}@identity"], env=env, capture_output=True, text=True, timeout=600)
-    assert more.returncode != 0 and "has no values for task ppc_fixture_ppl's documents" in more.stderr, more.stderr[-2000:]
+    assert reused["baseline"] == {"checkpoint": str(out), "compress": "none", "scores": str(scores)}
+    # ... but only for the documents, stages and limit they were scored with
+    rec = json.loads(scores.read_text())
+    where = cache / task_dir(rec["held_out_fraction"]).relative_to(data.CACHE)  # the command's task folder, its cache
+    with pytest.raises(SystemExit, match="--limit 30, not --stages 2 --limit 20"):
+        scored_baseline(scores, rec, ["ppc_fixture_lastword"], where, 2, 20)
+    with pytest.raises(SystemExit, match="has no values for task ppc_fixture_ppl's documents"):
+        scored_baseline(scores, rec, ["ppc_fixture_ppl", "ppc_fixture_lastword"], where, 2, 30)
 
 
 def test_lm_eval_cli_runs_the_local_tasks_with_our_model(run_dir, tmp_path):
