@@ -2,7 +2,11 @@
 // where the eager reference makes several over the whole tensor. Each kernel reproduces the reference's arithmetic
 // (fp32 divisions and products, round-half-even, bf16/fp16 rounding of scales) so that the codes are bitwise the
 // same; tests/unit/ops/test_fused.py holds them to that. Rows are split over torch's intra-op threads.
-#include <torch/extension.h>
+// ATen's tensor alone, not torch/extension.h (torch's whole C++ frontend, most of the build's time)
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>  // pybind11 with torch's tensor conversions
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -144,9 +148,9 @@ inline float noise_uniform(uint64_t key, uint64_t i) {
 
 // ops/noise.py's signs: +1 where the top bit is set, else -1; fp32 (n,). One loop: the torch form is a dozen
 // tensor operations, whose fixed costs dominate at a row's length (one call per message)
-torch::Tensor noise_signs(int64_t n, int64_t key) {
+at::Tensor noise_signs(int64_t n, int64_t key) {
   TORCH_CHECK(n >= 0, "noise_signs: n=", n, " must be >= 0");
-  auto out = torch::empty({n}, torch::kFloat32);
+  auto out = at::empty({n}, at::kFloat);
   float* o = out.data_ptr<float>();
   for (int64_t i = 0; i < n; ++i) o[i] = (noise_bits(static_cast<uint64_t>(key), i) >> 63) ? 1.f : -1.f;
   return out;
@@ -360,12 +364,12 @@ inline void decode_group(const uint8_t* in, int64_t g, int64_t size, int64_t bit
 // Symmetric int<bits> per group: x (groups, size) contiguous -> (codes packed, scales in sdt as fp32). Rounds to
 // nearest, or, given `noise_key`, stochastically: floor(x / s + u) clamped to -L..L, as the reference does, with u the
 // counter-based uniform of the element's index in x (ops/noise.py: the reference's draws, computed here in place).
-std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt, c10::optional<int64_t> noise_key) {
+std::vector<at::Tensor> sym_encode(at::Tensor x, int64_t bits, int64_t sdt, c10::optional<int64_t> noise_key) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "sym_encode: a contiguous 2-D CPU tensor");
   const int64_t groups = x.size(0), size = x.size(1);
   TORCH_CHECK(size % 8 == 0 || groups <= 1, "sym_encode: rows of a multiple of 8 codes");
-  auto codes = torch::empty({(groups * size * bits + 7) / 8}, x.options().dtype(torch::kUInt8));
-  auto scales = torch::empty({groups}, x.options().dtype(torch::kFloat));
+  auto codes = at::empty({(groups * size * bits + 7) / 8}, x.options().dtype(at::kByte));
+  auto scales = at::empty({groups}, x.options().dtype(at::kFloat));
   uint8_t* out = codes.data_ptr<uint8_t>();
   float* sc = scales.data_ptr<float>();
   const bool stoch = noise_key.has_value();
@@ -388,7 +392,7 @@ std::vector<torch::Tensor> sym_encode(torch::Tensor x, int64_t bits, int64_t sdt
 // Inverse of sym_encode: packed codes + fp32 scales (groups,) -> (groups, size) in `like`'s dtype
 // A decoder's codes and scales come from a peer: check that they hold what the sizes say before any is read (the
 // Python side checks the message's size too; this keeps a wrong call from reading past a buffer).
-static void check_decode_inputs(const torch::Tensor& codes, const torch::Tensor& scales, int64_t bits, int64_t size,
+static void check_decode_inputs(const at::Tensor& codes, const at::Tensor& scales, int64_t bits, int64_t size,
                                 const char* who) {
   TORCH_CHECK(bits >= 1 && bits <= 8 && size >= 1, who, ": bits in 1..8 and a positive group size");
   TORCH_CHECK(codes.device().is_cpu() && codes.is_contiguous() && codes.scalar_type() == at::kByte &&
@@ -399,10 +403,10 @@ static void check_decode_inputs(const torch::Tensor& codes, const torch::Tensor&
               size, " codes of ", bits, " bits (", need, " needed)");
 }
 
-torch::Tensor sym_decode(torch::Tensor codes, torch::Tensor scales, int64_t bits, int64_t size, torch::Tensor like) {
+at::Tensor sym_decode(at::Tensor codes, at::Tensor scales, int64_t bits, int64_t size, at::Tensor like) {
   check_decode_inputs(codes, scales, bits, size, "sym_decode");
   const int64_t groups = scales.size(0);
-  auto out = torch::empty({groups, size}, like.options());
+  auto out = at::empty({groups, size}, like.options());
   const uint8_t* in = codes.data_ptr<uint8_t>();
   const float* sc = scales.data_ptr<float>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, like.scalar_type(), "sym_decode", [&] {
@@ -419,12 +423,12 @@ torch::Tensor sym_decode(torch::Tensor codes, torch::Tensor scales, int64_t bits
 
 // Nearest normal-float level per group: x (groups, size) -> (codes packed at `bits` bits, absmax scales in sdt as
 // fp32). `mid` holds the fp32 midpoints between neighbouring levels (the reference's bucketize boundaries).
-std::vector<torch::Tensor> nf_encode(torch::Tensor x, torch::Tensor mid, int64_t bits, int64_t sdt) {
+std::vector<at::Tensor> nf_encode(at::Tensor x, at::Tensor mid, int64_t bits, int64_t sdt) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "nf_encode: a contiguous 2-D CPU tensor");
   const int64_t groups = x.size(0), size = x.size(1), nmid = mid.size(0);
   TORCH_CHECK(size % 8 == 0 || groups <= 1, "nf_encode: rows of a multiple of 8 codes");
-  auto codes = torch::empty({(groups * size * bits + 7) / 8}, x.options().dtype(torch::kUInt8));
-  auto scales = torch::empty({groups}, x.options().dtype(torch::kFloat));
+  auto codes = at::empty({(groups * size * bits + 7) / 8}, x.options().dtype(at::kByte));
+  auto scales = at::empty({groups}, x.options().dtype(at::kFloat));
   uint8_t* out = codes.data_ptr<uint8_t>();
   float* sc = scales.data_ptr<float>();
   const float* m = mid.data_ptr<float>();
@@ -494,12 +498,12 @@ std::vector<torch::Tensor> nf_encode(torch::Tensor x, torch::Tensor mid, int64_t
 }
 
 // Inverse of nf_encode: level[code] * scale in `like`'s dtype
-torch::Tensor nf_decode(torch::Tensor codes, torch::Tensor scales, torch::Tensor levels, int64_t bits, int64_t size,
-                        torch::Tensor like) {
+at::Tensor nf_decode(at::Tensor codes, at::Tensor scales, at::Tensor levels, int64_t bits, int64_t size,
+                        at::Tensor like) {
   check_decode_inputs(codes, scales, bits, size, "nf_decode");
   TORCH_CHECK(levels.is_contiguous() && levels.scalar_type() == at::kFloat && levels.dim() == 1, "nf_decode: fp32 levels");
   const int64_t groups = scales.size(0);
-  auto out = torch::empty({groups, size}, like.options());
+  auto out = at::empty({groups, size}, like.options());
   const uint8_t* in = codes.data_ptr<uint8_t>();
   const float* sc = scales.data_ptr<float>();
   const float* lv = levels.data_ptr<float>();
@@ -622,13 +626,13 @@ inline void rotate_unit(const in_t* x, int64_t u, const RotUnits& ru, int64_t n,
 // int<b>:rot in one pass (bitwise fwht then sym_encode): each unit is rotated into a buffer that stays in L1, and
 // its groups are encoded from there, so no fp32 copy of the tensor is written and read back. x contiguous with
 // `signs` (its last dim, fp32 +-1) -> (codes packed, scales as fp32).
-std::vector<torch::Tensor> rot_sym_encode(torch::Tensor x, torch::Tensor signs, int64_t n, int64_t size, int64_t bits,
+std::vector<at::Tensor> rot_sym_encode(at::Tensor x, at::Tensor signs, int64_t n, int64_t size, int64_t bits,
                                           int64_t sdt, c10::optional<int64_t> noise_key) {
   TORCH_CHECK(x.is_contiguous() && x.device().is_cpu() && signs.is_contiguous() && signs.scalar_type() == at::kFloat &&
               x.size(-1) == signs.numel(), "rot_sym_encode: a contiguous CPU tensor and fp32 signs of its last dim");
   const RotUnits ru(x.numel(), x.size(-1), n, size, "rot_sym_encode");
-  auto codes = torch::empty({(x.numel() * bits + 7) / 8}, x.options().dtype(torch::kUInt8));
-  auto scales = torch::empty({ru.groups}, x.options().dtype(torch::kFloat));
+  auto codes = at::empty({(x.numel() * bits + 7) / 8}, x.options().dtype(at::kByte));
+  auto scales = at::empty({ru.groups}, x.options().dtype(at::kFloat));
   uint8_t* out = codes.data_ptr<uint8_t>();
   float* sc = scales.data_ptr<float>();
   const float* d = signs.data_ptr<float>();
@@ -654,13 +658,13 @@ std::vector<torch::Tensor> rot_sym_encode(torch::Tensor x, torch::Tensor signs, 
 
 // Inverse of rot_sym_encode (bitwise sym_decode to fp32, then fwht with the signs after): -> `like`'s dtype, x's
 // numel as (units, unit); the caller reshapes
-torch::Tensor rot_sym_decode(torch::Tensor codes, torch::Tensor scales, torch::Tensor signs, int64_t n, int64_t bits,
-                             int64_t size, torch::Tensor like) {
+at::Tensor rot_sym_decode(at::Tensor codes, at::Tensor scales, at::Tensor signs, int64_t n, int64_t bits,
+                             int64_t size, at::Tensor like) {
   TORCH_CHECK(signs.is_contiguous() && signs.scalar_type() == at::kFloat, "rot_sym_decode: fp32 signs");
   check_decode_inputs(codes, scales, bits, size, "rot_sym_decode");
   const int64_t numel = scales.size(0) * size;
   const RotUnits ru(numel, signs.numel(), n, size, "rot_sym_decode");
-  auto out = torch::empty({ru.units, ru.unit}, like.options());
+  auto out = at::empty({ru.units, ru.unit}, like.options());
   const uint8_t* in = codes.data_ptr<uint8_t>();
   const float* sc = scales.data_ptr<float>();
   const float* d = signs.data_ptr<float>();
@@ -684,7 +688,7 @@ torch::Tensor rot_sym_decode(torch::Tensor codes, torch::Tensor scales, torch::T
   return out;
 }
 
-torch::Tensor fwht(torch::Tensor x, c10::optional<torch::Tensor> signs, int64_t n, bool after, torch::Tensor like) {
+at::Tensor fwht(at::Tensor x, c10::optional<at::Tensor> signs, int64_t n, bool after, at::Tensor like) {
   TORCH_CHECK(x.is_contiguous() && x.device().is_cpu() && x.numel() % n == 0 && n >= 2 && !(n & (n - 1)),
               "fwht: a contiguous CPU tensor in blocks of a power of two n >= 2");
   const int64_t blocks = x.numel() / n;
@@ -697,7 +701,7 @@ torch::Tensor fwht(torch::Tensor x, c10::optional<torch::Tensor> signs, int64_t 
     period = signs->numel() / n;
   }
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
-  auto out = torch::empty(x.sizes(), like.options());
+  auto out = at::empty(x.sizes(), like.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fwht_in", [&] {
     using in_t = scalar_t;
     const in_t* xp = x.data_ptr<in_t>();
@@ -719,7 +723,7 @@ torch::Tensor fwht(torch::Tensor x, c10::optional<torch::Tensor> signs, int64_t 
   return out;
 }
 
-torch::Tensor vq_search(torch::Tensor v, torch::Tensor cb, torch::Tensor cand, double lo, double inv_h, int64_t cells);  // vq.cpp
+at::Tensor vq_search(at::Tensor v, at::Tensor cb, at::Tensor cand, double lo, double inv_h, int64_t cells);  // vq.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sym_encode", &sym_encode, "symmetric int<b> per group, round to nearest or stochastically");

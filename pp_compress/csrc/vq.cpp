@@ -2,7 +2,9 @@
 // candidate points, or every point for a vector beyond the grid. Distances are the reference's fp32 operations in
 // its order (difference, square, sum over the coordinates in turn; built without fused multiply-adds), and a
 // strict < over candidates in ascending index order keeps the lowest index on a tie, as torch's argmin does.
-#include <torch/extension.h>
+// ATen's tensor alone, not torch/extension.h (torch's whole C++ frontend, most of the build's time)
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <cmath>
 #include <limits>
@@ -21,14 +23,14 @@ inline float sq_distance(const float* x, const float* c, int64_t dim) {
 
 }  // namespace
 
-torch::Tensor vq_search(torch::Tensor v, torch::Tensor cb, torch::Tensor cand, double lo, double inv_h, int64_t cells) {
+at::Tensor vq_search(at::Tensor v, at::Tensor cb, at::Tensor cand, double lo, double inv_h, int64_t cells) {
   TORCH_CHECK(v.dim() == 2 && cb.dim() == 2 && cand.dim() == 2 && v.size(1) == cb.size(1) && cb.size(0) <= 256,
               "vq_search: v (n, dim), a codebook (points <= 256, dim), candidates (cells**dim, k)");
   TORCH_CHECK(v.is_contiguous() && cb.is_contiguous() && cand.is_contiguous() && v.device().is_cpu() &&
               v.scalar_type() == at::kFloat && cb.scalar_type() == at::kFloat && cand.scalar_type() == at::kLong,
               "vq_search: contiguous CPU tensors, fp32 vectors and points, int64 candidates");
   const int64_t n = v.size(0), dim = v.size(1), points = cb.size(0), k = cand.size(1);
-  auto out = torch::empty({n}, v.options().dtype(torch::kUInt8));
+  auto out = at::empty({n}, v.options().dtype(at::kByte));
   const float* pv = v.data_ptr<float>();
   const float* pc = cb.data_ptr<float>();
   const int64_t* pk = cand.data_ptr<int64_t>();

@@ -1,6 +1,6 @@
 """The fused CPU kernels (pp_compress/csrc/*.cpp), built once per machine with torch's C++ extension tooling.
 
-`kernels()` returns the compiled module, building it on first use (about a minute), or None: then the operators run
+`kernels()` returns the compiled module, building it on first use (about 35 s), or None: then the operators run
 their eager reference, which gives the same codes. Prebuild before a job, so that no rank compiles inside its first
 training step:
 
