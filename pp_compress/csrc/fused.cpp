@@ -499,7 +499,7 @@ std::vector<at::Tensor> nf_encode(at::Tensor x, at::Tensor mid, int64_t bits, in
 
 // Inverse of nf_encode: level[code] * scale in `like`'s dtype
 at::Tensor nf_decode(at::Tensor codes, at::Tensor scales, at::Tensor levels, int64_t bits, int64_t size,
-                        at::Tensor like) {
+                     at::Tensor like) {
   check_decode_inputs(codes, scales, bits, size, "nf_decode");
   TORCH_CHECK(levels.is_contiguous() && levels.scalar_type() == at::kFloat && levels.dim() == 1, "nf_decode: fp32 levels");
   const int64_t groups = scales.size(0);
@@ -627,7 +627,7 @@ inline void rotate_unit(const in_t* x, int64_t u, const RotUnits& ru, int64_t n,
 // its groups are encoded from there, so no fp32 copy of the tensor is written and read back. x contiguous with
 // `signs` (its last dim, fp32 +-1) -> (codes packed, scales as fp32).
 std::vector<at::Tensor> rot_sym_encode(at::Tensor x, at::Tensor signs, int64_t n, int64_t size, int64_t bits,
-                                          int64_t sdt, c10::optional<int64_t> noise_key) {
+                                       int64_t sdt, c10::optional<int64_t> noise_key) {
   TORCH_CHECK(x.is_contiguous() && x.device().is_cpu() && signs.is_contiguous() && signs.scalar_type() == at::kFloat &&
               x.size(-1) == signs.numel(), "rot_sym_encode: a contiguous CPU tensor and fp32 signs of its last dim");
   const RotUnits ru(x.numel(), x.size(-1), n, size, "rot_sym_encode");
@@ -659,7 +659,7 @@ std::vector<at::Tensor> rot_sym_encode(at::Tensor x, at::Tensor signs, int64_t n
 // Inverse of rot_sym_encode (bitwise sym_decode to fp32, then fwht with the signs after): -> `like`'s dtype, x's
 // numel as (units, unit); the caller reshapes
 at::Tensor rot_sym_decode(at::Tensor codes, at::Tensor scales, at::Tensor signs, int64_t n, int64_t bits,
-                             int64_t size, at::Tensor like) {
+                          int64_t size, at::Tensor like) {
   TORCH_CHECK(signs.is_contiguous() && signs.scalar_type() == at::kFloat, "rot_sym_decode: fp32 signs");
   check_decode_inputs(codes, scales, bits, size, "rot_sym_decode");
   const int64_t numel = scales.size(0) * size;
