@@ -15,86 +15,36 @@ probes and the trials of close calls are in decide.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable
 
 from torch import Tensor
 
-from .config import parse_spec
+from .advice import verdicts
+from .config import RUNGS, AutoConfig, parse_spec
 from .ops.base import Compressor, Context
-from .presets import MODELS, PRESETS, verdicts
+from .presets import PRESETS
 from .timing import median_time
 
-Budget = Literal["safe", "aggressive"]
 CANDIDATES: dict[str, tuple[str | None, str | None]] = {
     "none": (None, None), "int8": ("int8", "safe"), "safe": (PRESETS["safe"], "safe"),
     "aggressive": (PRESETS["aggressive"], "aggressive")}
 """name -> (its spec, the budget whose rung it is on), from the least to the most aggressive rung. A decision travels
 as its index here, so both sides of a boundary must run the same version."""
 LADDER: tuple[str, ...] = tuple(CANDIDATES)
-RUNGS: tuple[str, ...] = ("none", "safe", "aggressive")
-"""The budgets' order: a budget admits the candidates on its rung and below it."""
 
 
-def model_name(text: str) -> str | None:
-    """The family among MODELS that `text` names, compared without case and with '-' or '_' for spaces (so that a
-    spec needs no quoting: `model=small-gpt`); None if it names none."""
-    def key(t: str) -> str:
-        return t.lower().replace("-", " ").replace("_", " ")
-
-    return next((m for m in MODELS if key(m) == key(text)), None)
-
-
-@dataclass(frozen=True)
-class AutoConfig:
-    """`auto[:max=safe|aggressive][:model=...]`."""
-
-    max: Budget = "safe"
-    """The most aggressive preset `auto` may pick."""
-    model: str | None = None
-    """The model family whose verdicts admit a candidate ('small GPT' or 'SmolLM2-135M'; `parse` also takes them
-    without case and with '-' for spaces); None: a preset must be at parity by the loss rule on every testbed it was
-    measured on, and no other candidate is admitted."""
-    every: int = 20
-    """Steps between decisions: the first is made at step 1 (on step 0's tensors), then at 1 + every, 1 + 2 every..."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
-            raise ValueError(f"auto:every={self.every!r}; accepted: an integer >= 1")
-        if self.max not in RUNGS[1:]:
-            raise ValueError(f"auto:max={self.max!r}; accepted: {', '.join(RUNGS[1:])}")
-        if self.model is not None and self.model not in MODELS:
-            raise ValueError(f"auto:model={self.model!r}; accepted: {', '.join(MODELS)}")
-
-    @classmethod
-    def parse(cls, spec: str) -> "AutoConfig":
-        """`auto`, `auto:max=aggressive`, `auto:model=SmolLM2-135M:max=safe:every=50`; an unknown key is an error."""
-        head, *items = spec.split(":")
-        if head != "auto":
-            raise ValueError(f"{spec!r} is not an auto spec; accepted: auto[:max=safe|aggressive][:model=<family>]"
-                             "[:every=N]")
-        kwargs: dict[str, object] = {}
-        for item in items:
-            key, sep, value = item.partition("=")
-            if not sep or key not in ("max", "model", "every") or key in kwargs:
-                raise ValueError(f"auto: {item!r} in {spec!r}; accepted keys: max=safe|aggressive, model=<family> "
-                                 f"({', '.join(MODELS)}), every=<steps>, each once")
-            kwargs[key] = int(value) if key == "every" and value.isdigit() else value
-        if "model" in kwargs:
-            kwargs["model"] = model_name(str(kwargs["model"])) or kwargs["model"]
-        return cls(**kwargs)  # type: ignore[arg-type]
-
-    def candidates(self) -> list[str]:
-        """The admitted candidates, least aggressive first, `none` always among them."""
-        out = ["none"]
-        for name, (spec, rung) in list(CANDIDATES.items())[1:]:
-            if RUNGS.index(rung) > RUNGS.index(self.max):
-                continue
-            found = verdicts(spec, self.model)
-            preset = PRESETS.get(name) == spec
-            if found and all(v.loss_rule == "parity" and (preset or v.lm_eval == "parity") for v in found) \
-                    and (preset or self.model is not None):
-                out.append(name)
-        return out
+def candidates(cfg: AutoConfig) -> list[str]:
+    """The candidates `cfg` admits, least aggressive first, `none` always among them."""
+    out = ["none"]
+    for name, (spec, rung) in list(CANDIDATES.items())[1:]:
+        if RUNGS.index(rung) > RUNGS.index(cfg.max):
+            continue
+        found = verdicts(spec, cfg.model)
+        preset = PRESETS.get(name) == spec
+        if found and all(v.loss_rule == "parity" and (preset or v.lm_eval == "parity") for v in found) \
+                and (preset or cfg.model is not None):
+            out.append(name)
+    return out
 
 
 @dataclass(frozen=True)
@@ -205,4 +155,4 @@ def candidate_op(name: str, boundary: int, direction: str, nonfinite: str = "rai
 
 def candidate_ops(cfg: AutoConfig, direction: str) -> dict[str, Compressor]:
     """The operator each admitted candidate runs in `direction` ('act' or 'grad'); `none` has none."""
-    return {name: candidate_op(name, 0, direction) for name in cfg.candidates()[1:]}
+    return {name: candidate_op(name, 0, direction) for name in candidates(cfg)[1:]}

@@ -13,7 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from .config import CompressionConfig, parse_spec
-from .ops.base import Compressor, Context, Deferred, TensorSpec
+from .ops.base import Compressor, Context, TensorSpec
+from .ops.deferred import Deferred
 from .policy import BoundaryPolicy, Where
 from .stats import DirectionStats
 

@@ -21,7 +21,7 @@ import dataclasses
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -29,7 +29,7 @@ from .feedback import FEEDBACKS, WRAPPERS
 from .ops import op_configs
 from .ops.base import NONFINITE_POLICIES, Compressor, OpConfig, format_op
 from .ops.chain import Chain
-from .presets import PRESETS, expand
+from .presets import MODELS, PRESETS, expand
 
 SPEC_FORMS = ("op[:args][>op[:args]][+ef|+ef21|+aqsgd[:first=op[:args]]], op one of: "
               + "; ".join(c.FORMS for c in op_configs()))
@@ -202,6 +202,61 @@ _INT_FIELDS = ("warmup_steps", "min_numel", "seed", "error_every", "batch_dim")
 _BOUNDARY_KEY = re.compile(r"b(\d+)\.(act|grad)")
 
 
+Budget = Literal["safe", "aggressive"]
+RUNGS: tuple[str, ...] = ("none", "safe", "aggressive")
+"""The budgets' order: a budget admits the candidates on its rung and below it."""
+
+
+def model_name(text: str) -> str | None:
+    """The family among MODELS that `text` names, compared without case and with '-' or '_' for spaces (so that a
+    spec needs no quoting: `model=small-gpt`); None if it names none."""
+    def key(t: str) -> str:
+        return t.lower().replace("-", " ").replace("_", " ")
+
+    return next((m for m in MODELS if key(m) == key(text)), None)
+
+
+@dataclass(frozen=True)
+class AutoConfig:
+    """`auto[:max=safe|aggressive][:model=...][:every=N]`: the spec alone; which candidates it admits and how it
+    decides are in auto.py and decide.py."""
+
+    max: Budget = "safe"
+    """The most aggressive preset `auto` may pick."""
+    model: str | None = None
+    """The model family whose verdicts admit a candidate ('small GPT' or 'SmolLM2-135M'; `parse` also takes them
+    without case and with '-' for spaces); None: a preset must be at parity by the loss rule on every testbed it was
+    measured on, and no other candidate is admitted."""
+    every: int = 20
+    """Steps between decisions: the first is made at step 1 (on step 0's tensors), then at 1 + every, 1 + 2 every..."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise ValueError(f"auto:every={self.every!r}; accepted: an integer >= 1")
+        if self.max not in RUNGS[1:]:
+            raise ValueError(f"auto:max={self.max!r}; accepted: {', '.join(RUNGS[1:])}")
+        if self.model is not None and self.model not in MODELS:
+            raise ValueError(f"auto:model={self.model!r}; accepted: {', '.join(MODELS)}")
+
+    @classmethod
+    def parse(cls, spec: str) -> "AutoConfig":
+        """`auto`, `auto:max=aggressive`, `auto:model=SmolLM2-135M:max=safe:every=50`; an unknown key is an error."""
+        head, *items = spec.split(":")
+        if head != "auto":
+            raise ValueError(f"{spec!r} is not an auto spec; accepted: auto[:max=safe|aggressive][:model=<family>]"
+                             "[:every=N]")
+        kwargs: dict[str, object] = {}
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep or key not in ("max", "model", "every") or key in kwargs:
+                raise ValueError(f"auto: {item!r} in {spec!r}; accepted keys: max=safe|aggressive, model=<family> "
+                                 f"({', '.join(MODELS)}), every=<steps>, each once")
+            kwargs[key] = int(value) if key == "every" and value.isdigit() else value
+        if "model" in kwargs:
+            kwargs["model"] = model_name(str(kwargs["model"])) or kwargs["model"]
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class CompressionConfig:
     """Everything pp_compress needs to know: what to apply where and when."""
@@ -248,8 +303,6 @@ class CompressionConfig:
         if self.nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite={self.nonfinite!r}; accepted: {', '.join(NONFINITE_POLICIES)}")
         if self.auto:
-            from .auto import AutoConfig  # imports this module
-
             AutoConfig.parse(self.auto)  # a bad auto spec fails here, naming what is accepted
             fixed_specs = [k for k, v in (("act", self.activations), ("grad", self.gradients), ("eval", self.eval))
                            if v is not None and not v.is_identity] + [f"b{b}" for b in self.boundaries]

@@ -19,18 +19,16 @@ import dataclasses
 import functools
 import statistics
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 from torch import Tensor
 
-from .auto import (LADDER, Cost, Decision, Link, candidate_op, choose, describe, fastest_trips, link_of, measure_codec,
-                   relative_error)
+from .auto import (LADDER, Cost, Decision, Link, candidate_op, candidates, choose, describe, fastest_trips, link_of,
+                   measure_codec, relative_error)
+from .policy import BoundaryPolicy, Trial, Where
 from .timing import elapsed
 
-if TYPE_CHECKING:
-    from .policy import BoundaryPolicy
 
 Exchange = Callable[[list[tuple[str, int, Tensor]]], None]
 """The adapter's blocking p2p outside the schedule: [("send" | "recv", peer stage, buffer)], run in order."""
@@ -65,16 +63,6 @@ TRIAL_GAIN = 0.01
 median on the incumbent's steps: a small lean to what ran before, since a switch restarts the candidate's state."""
 
 
-@dataclass(frozen=True)
-class Trial:
-    """A close call being tried for one window of steps from `start`: `challenger` runs on the steps an even number
-    after it, `incumbent` on the others."""
-
-    incumbent: str
-    challenger: str
-    start: int
-
-
 def close_call(link: Link, raw_bytes: int, costs: dict[str, Cost]) -> str | None:
     """The fastest compressing candidate when it and sending dense are a close call (TRIAL_SPAN), else None."""
     dense = Cost(0.0, 0.0, raw_bytes).expected(link)
@@ -99,7 +87,7 @@ def settle(trial: Trial, steps: list[tuple[int, float]]) -> tuple[str, float, fl
     return (trial.challenger if challenger < incumbent * (1 - TRIAL_GAIN) else trial.incumbent), challenger, incumbent
 
 
-def begin_step(policy: "BoundaryPolicy", stage: int, stages: int, device: torch.device, exchange: Exchange,
+def begin_step(policy: BoundaryPolicy, stage: int, stages: int, device: torch.device, exchange: Exchange,
                step: int) -> list[str]:
     """Call at the start of every training step, on every stage: records how long the step that ended took (from the
     end of the round before it, if any), and runs `decide_round` where one is due. Returns its log lines."""
@@ -113,7 +101,7 @@ def begin_step(policy: "BoundaryPolicy", stage: int, stages: int, device: torch.
     return lines
 
 
-def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torch.device, exchange: Exchange,
+def decide_round(policy: BoundaryPolicy, stage: int, stages: int, device: torch.device, exchange: Exchange,
                  step: int, reps: int = 2) -> list[str]:
     """One decision for every boundary and direction that touches `stage` (every stage calls it before the same
     step; boundaries in increasing order, so that a chain of blocking exchanges cannot deadlock). The sender of each
@@ -124,7 +112,7 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
     otherwise the sender's one message carries its pick. Returns the log lines of the changes and trials, on the
     sender."""
     assert policy.auto is not None
-    candidates = policy.auto.candidates()
+    admitted = candidates(policy.auto)
     drifted = _drifted(policy)
     lines = []
     for b in range(stages - 1):
@@ -151,7 +139,7 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
             probe = x is not None and (due or drifted)
             head[0] = -1 if x is None else 1 if probe else 0
             if x is not None and not probe:
-                name, line, noted = _pick(policy, b, d, x, known, candidates, step, reps, measure=False)
+                name, line, noted = _pick(policy, b, d, x, known, admitted, step, reps, measure=False)
                 other = _told(policy, b, d, name, head)
             exchange([("send", peer, head)])
             if x is None:
@@ -161,7 +149,7 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
                                                     known)
                 if due:
                     policy.probed[b, d] = policy.rounds
-                name, line, noted = _pick(policy, b, d, x, known, candidates, step, reps, measure=due)
+                name, line, noted = _pick(policy, b, d, x, known, admitted, step, reps, measure=due)
                 other = _told(policy, b, d, name, head)
                 exchange([("send", peer, head[1:])])
             policy.alternate_with(b, d, other, step)
@@ -172,7 +160,7 @@ def decide_round(policy: "BoundaryPolicy", stage: int, stages: int, device: torc
     return lines
 
 
-def _told(policy: "BoundaryPolicy", b: int, d: str, name: str, head: Tensor) -> str | None:
+def _told(policy: BoundaryPolicy, b: int, d: str, name: str, head: Tensor) -> str | None:
     """Writes the sender's pick and its trial's incumbent (-1: no trial) into head[1:], as the receiver reads them;
     returns the incumbent, which runs on the trial's odd steps (None: no trial)."""
     trial = policy.trials.get((b, d))
@@ -180,7 +168,7 @@ def _told(policy: "BoundaryPolicy", b: int, d: str, name: str, head: Tensor) -> 
     return trial.incumbent if trial else None
 
 
-def _drifted(policy: "BoundaryPolicy") -> bool:
+def _drifted(policy: BoundaryPolicy) -> bool:
     """Closes this stage's window of step times: they become `policy.window_steps` and their median `policy.window`.
     True when the median differs by more than DRIFT from the window before. The window before the first round (the
     engine's warm-up) is dropped."""
@@ -238,20 +226,18 @@ def _probe(sending: bool, peer: int, nbytes: int, device: torch.device, exchange
     return link
 
 
-def _pick(policy: "BoundaryPolicy", b: int, d: str, x: Tensor, link: Link, candidates: list[str], step: int,
+def _pick(policy: BoundaryPolicy, b: int, d: str, x: Tensor, link: Link, admitted: list[str], step: int,
           reps: int, measure: bool) -> tuple[str, str, bool]:
     """The sender's pick for boundary b, direction d, its log line, and whether the line has news besides the pick
     (the guard, a trial); applies the guard and the trials. The candidates' codec times are measured with the link
     (`measure`) or for a tensor of a new shape, and kept in between; the current candidate's error, which the guard
     watches, is measured on every round's tensor."""
-    from .policy import Where  # imports this module
-
     ctx = policy.context(Where(b, d, step, 0))
     op = functools.partial(candidate_op, boundary=b, direction=d, nonfinite=policy.cfg.nonfinite)
     like = (tuple(x.shape), x.dtype)
     known = policy.costs.get((b, d))
     if measure or known is None or known[0] != like:
-        known = policy.costs[b, d] = (like, {name: measure_codec(op(name), x, ctx, reps) for name in candidates[1:]})
+        known = policy.costs[b, d] = (like, {name: measure_codec(op(name), x, ctx, reps) for name in admitted[1:]})
     costs = dict(known[1])
     current = policy.decisions.get((b, d), "none")
     notes = []
@@ -278,7 +264,7 @@ def _pick(policy: "BoundaryPolicy", b: int, d: str, x: Tensor, link: Link, candi
     return name, describe(b, d, link, decision) + "".join(f"; {n}" for n in notes), bool(notes)
 
 
-def _tried(policy: "BoundaryPolicy", b: int, d: str, contender: str | None, pick: str, current: str,
+def _tried(policy: BoundaryPolicy, b: int, d: str, contender: str | None, pick: str, current: str,
            notes: list[str], step: int) -> str:
     """The pick after the trials: a trial that ran in the window since the last round is settled; on a close call
     (`contender`: its fastest compressing candidate) a settled outcome younger than REPROBE_ROUNDS rounds stands,

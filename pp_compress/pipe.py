@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from .config import CompressionConfig
-from .ops.base import Compressor, Context, Deferred, Payload, TensorSpec
+from .ops.base import Compressor, Context, Payload, TensorSpec
+from .ops.deferred import Deferred
 from .policy import BoundaryPolicy, Where
 from .stats import DirectionStats
 from .wire import from_buffer, to_buffer

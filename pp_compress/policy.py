@@ -10,9 +10,8 @@ from typing import Any
 
 from torch import Tensor
 
-from .auto import LADDER, AutoConfig, candidate_op
-from .decide import Trial
-from .config import CompressionConfig
+from .auto import LADDER, candidate_op
+from .config import AutoConfig, CompressionConfig
 from .ops.base import FLOAT_DTYPES, Compressor, Context, TensorSpec
 from .stats import DirectionStats
 
@@ -20,6 +19,16 @@ DIRECTIONS = ("act", "grad")
 NOOP_WARN_AFTER = 8
 """Messages a boundary sends under a compressing spec, none of them compressed, before it warns that the setting does
 nothing there (a few, so one odd message does not warn; few enough to warn within the first step)."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """`auto`'s close call (decide.py) being tried for one window of steps from `start`: `challenger` runs on the steps
+    an even number after it, `incumbent` on the others."""
+
+    incumbent: str
+    challenger: str
+    start: int
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,7 @@ class BoundaryPolicy:
         self.window: float | None = None
         """auto: the median step time of the window before the last round."""
         self.trials: dict[tuple[int, str], Trial] = {}
-        """auto, on the sending side: the close call being tried per boundary and direction (decide.Trial)."""
+        """auto, on the sending side: the close call being tried per boundary and direction (Trial)."""
         self.alternate: dict[tuple[int, str], tuple[str, int]] = {}
         """auto, on both sides: during a trial, (the candidate that runs in place of the decision on odd steps after
         the start, the start step)."""

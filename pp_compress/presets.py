@@ -6,7 +6,8 @@ for a spec: `str(parse_spec("safe"))` is the spec it stands for, so logs and che
 `VERDICTS` holds what the quality studies measured for the presets and for the other settings users reach for
 (`docs/choosing.md` explains the two rules; the logs are in results/eval/). It is data written here, not read from
 results at run time; tests/unit/test_presets.py holds every row to the committed frontier (results/eval/frontier.json).
-`advice(cfg, model)` is what the recipes print before a run of a setting measured worse on that model.
+This module is data below the spec parser (config.py expands the names); advice.py reads the verdicts of a parsed
+setting.
 """
 from __future__ import annotations
 
@@ -87,27 +88,6 @@ VERDICTS: tuple[Verdict, ...] = (
     Verdict("topk:0.3", "small GPT", 10.60, +1.782, 0.063, "worse", None, _SMALL),
     Verdict("topk:0.3", "SmolLM2-135M", 10.60, +0.266, 0.020, "worse", None, _SMOL),
 )
-
-
-def verdicts(cfg: Any, model: str | None = None) -> list[Verdict]:
-    """The verdicts of a setting (a CompressionConfig or a spec string), on one model or on all."""
-    from .config import parse_spec
-
-    key = str(parse_spec(cfg) if isinstance(cfg, str) else cfg)
-    return [v for v in VERDICTS if str(parse_spec(v.spec)) == key and model in (None, v.model)]
-
-
-def advice(cfg: Any, model: str | None) -> str | None:
-    """A one-time note for a run of `cfg` on `model`: what was measured, when that setting was worse than uncompressed
-    by the loss rule there, and the preset to use instead; None otherwise (at parity, or never measured)."""
-    if model is None:
-        return None
-    bad = [v for v in verdicts(cfg, model) if v.loss_rule == "worse"]
-    if not bad:
-        return None
-    safe = verdicts("safe", model)[0]
-    return (f"{cfg} was measured worse than uncompressed ({bad[0].line()}; {bad[0].evidence}). "
-            f"'safe' ({PRESETS['safe']}) is at parity there: {safe.line()}.")
 
 
 def expand(items: list[str]) -> list[str]:

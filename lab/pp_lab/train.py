@@ -286,8 +286,8 @@ def check_args(args: argparse.Namespace) -> None:
     """Everything that can be checked on the command line, before any process work or any write to --out: the
     compression (--pp-compress over the config's section; one message and exit 2 if bad), the run directory, and a
     one-time note when the setting's recorded verdict on this model is worse than uncompressed
-    (pp_compress.presets.advice)."""
-    from pp_compress.presets import advice
+    (pp_compress.advice.advice)."""
+    from pp_compress.advice import advice
     from pp_compress.runtime import check_args as check_compression, exit_once, launch_rank
 
     cfg = check_compression(args, str(config_path(args)))

@@ -12,7 +12,7 @@ The operations are the eager reference's (ops/quant.py, ops/hadamard.py's butter
 order and with the same IEEE roundings (division `div_rn`; `enable_fp_fusion=False`, since a multiply-add contracted
 into one rounding would differ), so codes, scales and outputs are the reference's bitwise.
 
-The finiteness checks ride along: the encoder sets a flag (a slot of ops/base.py's `Flag`) where a value of x is NaN/Inf
+The finiteness checks ride along: the encoder sets a flag (a slot of ops/deferred.py's `Flag`) where a value of x is NaN/Inf
 and gives that row a NaN scale, as the reference does; the decoder sets one where an output is not finite in its dtype.
 Neither side reads x or the output again for the check. `screen` is the same check alone, for the operators without
 kernels of their own: one pass, where torch.isfinite(t).all() takes five kernels.
@@ -32,7 +32,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .base import Flag
+from .deferred import Flag
 from .groups import ROUND_UP
 from .triton_launch import launch
 

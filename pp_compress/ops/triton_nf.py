@@ -28,7 +28,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from .base import Flag
+from .deferred import Flag
 from .groups import ROUND_UP
 from .triton_int import MAX_TILE, available
 from .triton_launch import launch

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from . import triton_int
-from .base import Flag
+from .deferred import Flag
 from .triton_int import MAX_TILE, available, rows_per_program, warps
 from .triton_launch import launch
 from .triton_pivoted import block, block_signs

@@ -60,7 +60,7 @@ def test_the_demos_own_setting_gets_no_warning_and_a_worse_one_does():
     """`make demo` trains the small GPT with DEMO_SPEC: the note before the run comes from that spec's recorded verdict
     (pp_compress.presets), so the demo cannot warn against its own setting."""
     from pp_compress import parse_spec
-    from pp_compress.presets import advice
+    from pp_compress.advice import advice
 
     demo = next(line.split("?=")[1].strip() for line in (ROOT / "Makefile").read_text().splitlines()
                 if line.startswith("DEMO_SPEC"))

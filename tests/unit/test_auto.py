@@ -5,8 +5,10 @@ import pytest
 import torch
 
 import pp_compress as ppc
-from pp_compress.auto import (AutoConfig, Cost, Link, candidate_op, candidate_ops, choose, describe, fastest_trips,
+from pp_compress.advice import verdicts
+from pp_compress.auto import (Cost, Link, candidate_op, candidate_ops, candidates, choose, describe, fastest_trips,
                               link_of, measure_codec)
+from pp_compress.config import AutoConfig
 
 MB = 1 << 20
 
@@ -23,11 +25,11 @@ def test_the_spec_and_its_errors():
 
 
 def test_the_candidates_stop_at_the_budget_and_are_never_measured_worse():
-    assert AutoConfig().candidates() == ["none", "safe"]
-    assert AutoConfig("aggressive", "SmolLM2-135M").candidates() == ["none", "safe", "aggressive"]
-    assert AutoConfig("aggressive").candidates() == ["none", "safe", "aggressive"]  # parity by the loss rule on both
-    for name in AutoConfig("aggressive").candidates()[1:]:
-        assert all(v.loss_rule == "parity" for v in ppc.presets.verdicts(ppc.PRESETS[name]))
+    assert candidates(AutoConfig()) == ["none", "safe"]
+    assert candidates(AutoConfig("aggressive", "SmolLM2-135M")) == ["none", "safe", "aggressive"]
+    assert candidates(AutoConfig("aggressive")) == ["none", "safe", "aggressive"]  # parity by the loss rule on both
+    for name in candidates(AutoConfig("aggressive"))[1:]:
+        assert all(v.loss_rule == "parity" for v in verdicts(ppc.PRESETS[name]))
     ops = candidate_ops(AutoConfig("aggressive"), "grad")
     assert [op.spec for op in ops.values()] == ["int8:rot", "vq:3"]
 
@@ -35,11 +37,11 @@ def test_the_candidates_stop_at_the_budget_and_are_never_measured_worse():
 def test_a_setting_that_is_no_preset_is_a_candidate_only_on_a_family_where_both_rules_put_it_at_parity():
     """int8 (no rotation) is at parity on both rules on the small GPT, and worse by lm-eval on SmolLM2 (outlier
     channels): a candidate there only, and never for a family not named."""
-    assert AutoConfig("aggressive", "small GPT").candidates() == ["none", "int8", "safe", "aggressive"]
-    assert AutoConfig("safe", "small GPT").candidates() == ["none", "int8", "safe"]
-    assert "int8" not in AutoConfig("aggressive", "SmolLM2-135M").candidates()
-    assert "int8" not in AutoConfig("aggressive").candidates()
-    assert [v.lm_eval for v in ppc.presets.verdicts("int8", "SmolLM2-135M")] == ["worse"]
+    assert candidates(AutoConfig("aggressive", "small GPT")) == ["none", "int8", "safe", "aggressive"]
+    assert candidates(AutoConfig("safe", "small GPT")) == ["none", "int8", "safe"]
+    assert "int8" not in candidates(AutoConfig("aggressive", "SmolLM2-135M"))
+    assert "int8" not in candidates(AutoConfig("aggressive"))
+    assert [v.lm_eval for v in verdicts("int8", "SmolLM2-135M")] == ["worse"]
     assert candidate_ops(AutoConfig("safe", "small GPT"), "act")["int8"].spec == "int8"
     with pytest.raises(ValueError, match="has no operator"):
         candidate_op("none", 0, "act")

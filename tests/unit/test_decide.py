@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import pp_compress as ppc
-from pp_compress.decide import TRIAL_GAIN, Trial, close_call, settle
+from pp_compress.decide import TRIAL_GAIN, close_call, settle
+from pp_compress.policy import Trial
 
 MB = 1 << 20
 

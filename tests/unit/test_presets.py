@@ -1,11 +1,12 @@
-"""pp_compress.presets: every recorded verdict is the committed frontier's, and the advice follows the verdicts."""
+"""pp_compress.presets and pp_compress.advice: every recorded verdict is the committed frontier's, and the advice follows the verdicts."""
 import json
 from pathlib import Path
 
 import pytest
 
 from pp_compress import parse_spec
-from pp_compress.presets import PRESETS, VERDICTS, Verdict, advice, verdicts
+from pp_compress.advice import advice, verdicts
+from pp_compress.presets import PRESETS, VERDICTS, Verdict
 
 FRONTIER = Path(__file__).resolve().parents[2] / "results" / "eval" / "frontier.json"
 

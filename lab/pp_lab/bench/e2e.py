@@ -47,36 +47,13 @@ from typing import Iterator
 
 from pp_lab.paths import ROOT
 from pp_lab.launch import JOB_MARK, kill_job, run_job
+from pp_lab.bench.throttle import LINKS, parse_link
 
 THROTTLE = ROOT / "benchmarks" / "throttle.py"
 SPECS = ["none", "int8", "int4", "topk:0.1+ef", "act=int4,grad=int8"]
-# name -> (rate Mbit/s, one-way latency ms); 0 = unlimited. Latencies: datacenter, LAN, WAN, internet.
-LINKS = {"none": (0.0, 0.0), "10gbit": (10_000.0, 0.05), "1gbit": (1_000.0, 0.1), "100mbit": (100.0, 1.0),
-         "25mbit": (25.0, 10.0)}
 SUBNET = "198.18.0"
 RECIPES = {"pretrain": "`{model}` GPT", "finetune": "SmolLM2-135M (recipes/finetune.py)"}
 """recipes/<name>.py -> what the result file calls its model."""
-
-
-def parse_link(text: str) -> tuple[str, float, float]:
-    """'100mbit' or '100mbit@2ms' (or 'none') -> (name, Mbit/s, one-way latency ms). A link per boundary,
-    '0=none,1=5mbit@20ms' (see benchmarks/throttle.py: PPC_BENCH_LINKS), is one profile: (its text, 0, 0), emulated."""
-    if "=" in text:
-        from pp_lab.bench.throttle import parse_links
-
-        try:
-            parse_links(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-        return text, 0.0, 0.0
-    m = re.fullmatch(r"(none|(\d+(?:\.\d+)?)(mbit|gbit))(?:@(\d+(?:\.\d+)?)ms)?", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"link {text!r}; accepted: none, <N>mbit, <N>gbit, optionally @<L>ms "
-                                         f"(e.g. 100mbit@2ms); defaults: {', '.join(LINKS)}")
-    name = m.group(1)
-    rate = 0.0 if name == "none" else float(m.group(2)) * (1000 if m.group(3) == "gbit" else 1)
-    latency = float(m.group(4)) if m.group(4) else LINKS.get(name, (0.0, 0.0))[1]
-    return name, rate, latency
 
 
 def sh(*cmd: str) -> None:

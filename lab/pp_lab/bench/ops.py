@@ -27,7 +27,7 @@ import torch
 from pp_lab.bench import kernel_settings
 from pp_lab.paths import ROOT
 import pp_compress as ppc
-from pp_compress.ops.base import Deferred
+from pp_compress.ops.deferred import Deferred
 from pp_compress.timing import median_time
 
 SPECS = ["identity", "bf16", "fp8", "int8", "int8:compile", "int8:per=channel", "int4", "int4:rot", "int4:per=block64",

@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 from pp_lab.paths import ROOT
-from pp_lab.bench.e2e import BUCKET, Namespaces, netns_permitted, parse_link, run_throttled, shaped_links
+from pp_lab.bench.e2e import BUCKET, Namespaces, netns_permitted, run_throttled, shaped_links
+from pp_lab.bench.throttle import parse_link
 from pp_lab import data
 
 SPECS = ["none", "int8", "int8:rot", "int4:rot"]

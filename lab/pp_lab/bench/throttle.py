@@ -19,11 +19,36 @@ A message's boundary is the lower of its two stages.
 """
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import runpy
 import sys
 import time
 from typing import Any
+
+LINKS = {"none": (0.0, 0.0), "10gbit": (10_000.0, 0.05), "1gbit": (1_000.0, 0.1), "100mbit": (100.0, 1.0),
+         "25mbit": (25.0, 10.0)}
+"""name -> (rate Mbit/s, one-way latency ms); 0 = unlimited. Latencies: datacenter, LAN, WAN, internet."""
+
+
+def parse_link(text: str) -> tuple[str, float, float]:
+    """'100mbit' or '100mbit@2ms' (or 'none') -> (name, Mbit/s, one-way latency ms). A link per boundary,
+    '0=none,1=5mbit@20ms' (see benchmarks/throttle.py: PPC_BENCH_LINKS), is one profile: (its text, 0, 0), emulated."""
+    if "=" in text:
+        try:
+            parse_links(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text, 0.0, 0.0
+    m = re.fullmatch(r"(none|(\d+(?:\.\d+)?)(mbit|gbit))(?:@(\d+(?:\.\d+)?)ms)?", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"link {text!r}; accepted: none, <N>mbit, <N>gbit, optionally @<L>ms "
+                                         f"(e.g. 100mbit@2ms); defaults: {', '.join(LINKS)}")
+    name = m.group(1)
+    rate = 0.0 if name == "none" else float(m.group(2)) * (1000 if m.group(3) == "gbit" else 1)
+    latency = float(m.group(4)) if m.group(4) else LINKS.get(name, (0.0, 0.0))[1]
+    return name, rate, latency
 
 
 def delay_s(nbytes: int, latency_ms: float, rate_mbit: float) -> float:
@@ -37,8 +62,6 @@ Schedule = list[tuple[float, float, float]]
 
 def parse_links(text: str) -> dict[int, Schedule]:
     """'0=none,1=5mbit@20ms~60s=100mbit@1ms' -> {0: [(0, 0, 0)], 1: [(0, 5, 20), (60, 100, 1)]}; errors name the part."""
-    from pp_lab.bench.e2e import parse_link
-
     out: dict[int, Schedule] = {}
     for part in filter(None, text.split(",")):
         b, sep, rest = part.partition("=")

@@ -20,7 +20,7 @@ import torch
 
 import pp_compress as ppc
 from pp_compress.ops import triton_vq, vq
-from pp_compress.ops.base import Flag
+from pp_compress.ops.deferred import Flag
 from pp_lab.bench.ops import DTYPES, timer
 from pp_lab.paths import ROOT
 

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from pp_lab.bench.e2e import AUTO_LINE, LINKS, median_run, netns_permitted, parse_link, timeline
+from pp_lab.bench.e2e import AUTO_LINE, median_run, netns_permitted, timeline
+from pp_lab.bench.throttle import LINKS, parse_link
 from pp_lab.bench.throttle import delay_s
 from tests.integration.launch import ROOT
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import pp_compress as ppc
-from pp_compress.ops.base import Compressor, Deferred, layout_nbytes
+from pp_compress.ops.base import Compressor, layout_nbytes
+from pp_compress.ops.deferred import Deferred
 
 
 def import_kernels(*names: str) -> None:

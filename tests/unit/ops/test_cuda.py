@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import pp_compress as ppc
-from pp_compress.ops.base import Deferred, Flag, layout_nbytes
+from pp_compress.ops.base import layout_nbytes
+from pp_compress.ops.deferred import Deferred, Flag
 from tests.unit.ops.interpreted import assert_matches_reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -69,7 +70,7 @@ def test_a_deferred_message_never_waits_for_the_device(spec, dtype, monkeypatch)
     the rotation's signs from a table and its butterfly as sums (`:table+sums`: the kernel settings not yet the
     default, triton_int.SIGN_TABLE_ROWS = 0 and BUTTERFLY = "sum")."""
     from pp_compress.ops import triton_int
-    from pp_compress.ops.base import Deferred
+    from pp_compress.ops.deferred import Deferred
 
     if spec.endswith(":table+sums"):
         spec = spec.removesuffix(":table+sums")

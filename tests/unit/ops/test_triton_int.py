@@ -11,7 +11,7 @@ import_kernels("_triton_int_kernels")
 
 import pp_compress as ppc  # noqa: E402
 from pp_compress.ops import triton_int, triton_launch  # noqa: E402
-from pp_compress.ops.base import Deferred, Flag  # noqa: E402
+from pp_compress.ops.deferred import Deferred, Flag  # noqa: E402
 
 SPECS = ["int8", "int8:rot", "int8:stoch", "int4", "int4:rot", "int3:rot:stoch", "int2:stoch", "int5:rot",
          "int6", "int7:rot=16", "int8:rot=2", "int8:scale=fp16", "int4:scale=fp32:rot"]

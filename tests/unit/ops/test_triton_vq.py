@@ -11,7 +11,7 @@ import_kernels("_triton_vq_kernels")
 
 import pp_compress as ppc  # noqa: E402
 from pp_compress.ops import triton_int, triton_vq, vq  # noqa: E402
-from pp_compress.ops.base import Flag  # noqa: E402
+from pp_compress.ops.deferred import Flag  # noqa: E402
 
 SPECS = ["vq:4", "vq:3", "vq:2.5", "vq:2:dim=4", "vq:1.5:dim=4", "vq:3:dim=1", "vq:4:pivots=3", "vq:4:pivots=0",
          "vq:4:rot=false", "vq:2:scale=fp16", "vq:3:size=128:scale=fp32", "vq:4:size=16"]

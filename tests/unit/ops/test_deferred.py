@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import pp_compress as ppc
-from pp_compress.ops.base import Deferred, TensorSpec
+from pp_compress.ops.base import TensorSpec
+from pp_compress.ops.deferred import Deferred
 from pp_compress.pipe import StageCompression
 from pp_compress.policy import Where
 
