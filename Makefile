@@ -20,8 +20,12 @@ $(STAMP): pyproject.toml lab/pyproject.toml
 	echo "$(TORCH)" > $(VENV)/constraints.txt
 	# the library with its DeepSpeed adapter and test tools, and the lab (models, data, studies; pinned) beside it
 	$(VPY) -m pip install -q -c $(VENV)/constraints.txt -e ".[deepspeed,dev]" -e lab
-	# prebuild the fused CPU kernels for this CPU (pp_compress/csrc/*.cpp, ~35 s once; PP_COMPRESS_KERNELS=0: none)
-	$(VPY) -m pp_compress.kernels
+	# prebuild every JIT build a job or a test loads, so that none compiles inside a job that a timeout may kill: the
+	# fused CPU kernels for this CPU and their baseline build (the scalar paths, which the tests check too), and
+	# DeepSpeed's CPU shared-memory op; the two run side by side (about a minute on 2 cores), and each fails set-up
+	$(RUN) $(VPY) -m pp_compress.kernels & native=$$!; \
+	  PP_COMPRESS_KERNELS=baseline $(RUN) $(VPY) -m pp_compress.kernels; baseline=$$?; \
+	  wait $$native && test $$baseline = 0
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -9,6 +9,7 @@ Three ways in, all with the same spec grammar (`pp_compress.parse_spec`):
        deepspeed.add_config_arguments(parser)
        args = parser.parse_args()
        ppd.check_args(args)          # the config's "pp_compress" section too, before any work: one message, exit 2
+                                     # (and a build lock a killed build left, which DeepSpeed's start would wait on)
        engine, optimizer, _, _ = ppd.initialize(model=pipe_module, config=args.deepspeed_config,
                                                 compression=args.pp_compress,      # None: the config's section
                                                 model_parameters=pipe_module.parameters())
@@ -40,8 +41,9 @@ except ModuleNotFoundError as e:
     raise ModuleNotFoundError("pp_compress.deepspeed needs DeepSpeed, which is not installed: "
                               "pip install 'pp_compress[deepspeed]'", name="deepspeed") from None
 
-from .integrations.deepspeed import CompressedPipelineEngine, add_argparse_args, disable, enable, finish, initialize
-from .runtime import check_args, resolve_config
+from .integrations.deepspeed import (CompressedPipelineEngine, add_argparse_args, check_args, disable, enable, finish,
+                                     initialize, prebuild)
+from .runtime import resolve_config
 
 __all__ = ["CompressedPipelineEngine", "add_argparse_args", "check_args", "disable", "enable", "finish", "initialize",
-           "resolve_config"]
+           "prebuild", "resolve_config"]

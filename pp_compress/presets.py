@@ -12,7 +12,7 @@ setting.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 PRESETS: dict[str, str] = {
     # rotated int8 both ways: the fewest bits at parity on both rules on SmolLM2-135M (LLaMA family: outlier channels

@@ -40,7 +40,7 @@ try:
 except ModuleNotFoundError:  # DeepSpeed before 0.19.7 has no DualPipeV schedule: there is nothing of it to adapt
     DualPipeVEngine = DualPipeVModule = None
 
-from .. import runtime
+from .. import buildlock, runtime
 from ..decide import begin_step
 from ..config import CompressionConfig
 from ..ops.base import TensorSpec
@@ -406,6 +406,45 @@ def initialize(model: PipelineModule, config: dict | str | None = None,
     return out
 
 
+def jit_ops() -> list[Any]:
+    """The op builders of what DeepSpeed JIT-builds when a job here starts (`deepspeed.init_distributed`): its CPU
+    accelerator's shared-memory communication op; none where the accelerator's collectives need no build (NCCL)."""
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return []
+    return [builder]
+
+
+def check_build_locks() -> None:
+    """Before `deepspeed.init_distributed`: a build lock of one of `jit_ops()` that no running build holds raises
+    buildlock.StaleBuildLock, naming the file, where DeepSpeed would wait on it forever."""
+    if not torch.distributed.is_initialized():
+        for op in jit_ops():
+            buildlock.check(op.name)
+
+
+def prebuild() -> list[str]:
+    """Build `jit_ops()` now (or find them built), so that no job pays for the build, nor is killed during it; their
+    names. `python -m pp_compress.kernels` calls it where DeepSpeed is installed."""
+    for op in jit_ops():
+        buildlock.check(op.name)
+        op.load(verbose=False)
+    return [op.name for op in jit_ops()]
+
+
+def check_args(args: argparse.Namespace, config: dict | str | None = None) -> CompressionConfig:
+    """`runtime.check_args` (the compression that `--pp-compress` and the config section ask for, one message and exit 2
+    on a bad value), then the build locks DeepSpeed's start would wait on (`check_build_locks`), before any work."""
+    cfg = runtime.check_args(args, config)
+    try:
+        check_build_locks()
+    except buildlock.StaleBuildLock as e:
+        runtime.exit_once(f"pp_compress: {e}")
+    return cfg
+
+
 def enable() -> None:
     """One line for Megatron-DeepSpeed (or any script that calls `deepspeed.initialize` itself): from now on,
     `deepspeed.initialize(model=<PipelineModule>, ...)` whose DeepSpeed config (`args.deepspeed_config`, `config=`
@@ -417,6 +456,7 @@ def enable() -> None:
     if getattr(deepspeed.initialize, "_pp_compress_stock", None) is not None:
         return
     TESTED.check(deepspeed.__version__)
+    check_build_locks()
     stock = deepspeed.initialize
     params = inspect.signature(stock)
 

@@ -24,7 +24,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -32,6 +31,8 @@ from typing import Iterator
 
 import torch
 from torch import Tensor
+
+from .. import buildlock
 
 SOURCES = [Path(__file__).resolve().parents[1] / "csrc" / name for name in ("fused.cpp", "vq.cpp")]
 FLAGS: dict[str, list[str]] = {
@@ -81,22 +82,6 @@ def kernels() -> ModuleType | None:
     return _STATE[which]
 
 
-STALE_LOCK_S = 600
-"""A build lock older than this is most likely left by a build that was killed."""
-
-
-def stale_lock(name: str) -> Path | None:
-    """torch's build of `name` takes a `lock` file in its build folder and waits for as long as one exists, so a build
-    killed mid-way leaves every later process waiting forever. The lock if it is older than STALE_LOCK_S, else None."""
-    from torch.utils import cpp_extension
-
-    folder = getattr(cpp_extension, "_get_build_directory", None)  # private; without it, nothing to say
-    lock = Path(folder(name, False)) / "lock" if folder else None
-    if lock is None or not lock.exists():
-        return None
-    return lock if time.time() - lock.stat().st_mtime > STALE_LOCK_S else None
-
-
 @contextlib.contextmanager
 def environment_ninja() -> Iterator[None]:
     """Within: the ninja installed beside this interpreter (pip's, a torch build dependency) comes first on PATH, if
@@ -119,13 +104,12 @@ def _build(flags: list[str], ldflags: list[str]) -> ModuleType | None:
         from torch.utils.cpp_extension import load
 
         name = build_name(flags)
-        if (lock := stale_lock(name)) is not None:
-            warnings.warn(f"pp_compress: {lock} is {(time.time() - lock.stat().st_mtime) / 60:.0f} min old; the build "
-                          "waits until it is gone. If no process is building the kernels, a killed build left it: "
-                          "delete it", RuntimeWarning, stacklevel=3)
+        buildlock.check(name)  # a lock left by a killed build: one message naming it, never a wait forever
         with environment_ninja():
             return load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=flags, extra_ldflags=ldflags,
                         verbose=bool(os.environ.get("PP_COMPRESS_BUILD_VERBOSE")))
+    except buildlock.StaleBuildLock:
+        raise  # the build did not fail: the user has a file to delete
     except Exception as e:  # noqa: BLE001 - any build failure: say why, then the eager reference runs
         warnings.warn(f"pp_compress: the fused CPU kernels could not be built ({type(e).__name__}: {str(e)[:300]}); "
                       "the operators run their eager reference (same codes, slower); PP_COMPRESS_KERNELS=0 turns them "

@@ -1,13 +1,19 @@
 """ds_worker.py jobs for the tests; the launcher itself is lab/pp_lab/launch.py (shared with the study and benchmarks)."""
 import json
 from pathlib import Path
+from typing import Any
 
-from pp_lab.launch import ROOT, free_port, kill_job, run_job  # noqa: F401 - re-exported for the tests
+from pp_lab import launch as lab_launch
+from pp_lab.launch import ROOT, free_port, kill_job  # noqa: F401 - re-exported for the tests
 
 WORKER = Path(__file__).with_name("ds_worker.py")
+HANG_S = 900
+"""Every job's and subprocess's bound in the tests: a hang detector, never a performance check. Far above what any of
+them takes on a machine fully loaded by other work, so only a real hang reaches it (and then costs minutes, not a
+stuck CI)."""
 
 
-def launch(out: Path, nproc: int, *worker_args: str, timeout: int = 240) -> tuple[int, str, dict[int, dict]]:
+def launch(out: Path, nproc: int, *worker_args: str, timeout: int = HANG_S) -> tuple[int, str, dict[int, dict]]:
     """ds_worker.py on nproc ranks; returns (exit code, log, {rank: its JSON result})."""
     out.mkdir(parents=True, exist_ok=True)
     rc, log = run_job(WORKER, nproc, "--out", str(out), *worker_args, timeout=timeout)
@@ -16,3 +22,8 @@ def launch(out: Path, nproc: int, *worker_args: str, timeout: int = 240) -> tupl
         r = json.loads(p.read_text())
         results[r["rank"]] = r
     return rc, log, results
+
+
+def run_job(script: Path, nproc: int, *args: str, timeout: int = HANG_S, **kwargs: Any) -> tuple[int, str]:
+    """pp_lab.launch.run_job with the tests' hang bound."""
+    return lab_launch.run_job(script, nproc, *args, timeout=timeout, **kwargs)

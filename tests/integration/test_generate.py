@@ -2,14 +2,14 @@
 import json
 from pathlib import Path
 
-from tests.integration.launch import run_job
+from tests.integration.launch import HANG_S, run_job
 
 WORKER = Path(__file__).with_name("generate_worker.py")
 
 
 def run(out: Path, *args: str) -> dict[int, dict]:
     out.mkdir(parents=True, exist_ok=True)
-    rc, log = run_job(WORKER, 2, "--out", str(out), *args, timeout=180)
+    rc, log = run_job(WORKER, 2, "--out", str(out), *args, timeout=HANG_S)
     assert rc == 0, log[-4000:]
     return {r["rank"]: r for r in (json.loads(p.read_text()) for p in out.glob("rank*.json"))}
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.launch import run_job
+from tests.integration.launch import HANG_S, run_job
 
 WORKER = Path(__file__).with_name("torch_pipe_worker.py")
 SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble"]
@@ -12,7 +12,7 @@ SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble"]
 
 def run(out: Path, *args: str) -> dict[int, dict]:
     out.mkdir(parents=True, exist_ok=True)
-    rc, log = run_job(WORKER, 2, "--out", str(out), *args, timeout=180)
+    rc, log = run_job(WORKER, 2, "--out", str(out), *args, timeout=HANG_S)
     assert rc == 0, log[-4000:]
     res = {r["rank"]: r for r in (json.loads(p.read_text()) for p in out.glob("rank*.json"))}
     assert len(res) == 2, log[-4000:]

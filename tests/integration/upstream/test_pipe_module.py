@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("deepspeed")
-from tests.integration.launch import run_job  # noqa: E402
+from tests.integration.launch import HANG_S, run_job  # noqa: E402
 
 WORKER = Path(__file__).with_name("pipe_module_worker.py")
 
@@ -18,7 +18,7 @@ WORKER = Path(__file__).with_name("pipe_module_worker.py")
 def test_pipe_module_sequential(tmp_path, spec, atol, activation_checkpoints):
     args = ["--out", str(tmp_path)] + (["--spec", spec] if spec else []) + \
         (["--activation-checkpoints"] if activation_checkpoints else [])
-    rc, log = run_job(WORKER, 2, *args, timeout=180)
+    rc, log = run_job(WORKER, 2, *args, timeout=HANG_S)
     assert rc == 0, log[-4000:]
     res = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert len(res) == 2

@@ -3,7 +3,7 @@ import re
 import subprocess
 import sys
 
-from tests.integration.launch import ROOT
+from tests.integration.launch import HANG_S, ROOT
 
 
 def _run(tiny_run, tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
@@ -14,7 +14,7 @@ def _run(tiny_run, tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, s
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(ROOT / "benchmarks/boundary_error.py"), "--run", str(run), "--stages", "2", "--rows", "4",
            "--seq", "32", *args, "--out", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=HANG_S)
     assert res.returncode == 0, res.stderr[-3000:]
     return res, out.read_text()
 
@@ -30,7 +30,7 @@ def test_boundary_error_on_a_trained_run(tiny_run, tmp_path):
         assert 0 < rows["int8"][1] < rows["int4:per=block32"][1] < rows["int4"][1]  # a nonzero gradient, finer scales help
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks/boundary_error.py"), "--run", str(tmp_path)],
                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-                         timeout=300)
+                         timeout=HANG_S)
     assert bad.returncode == 2 and "neither a recipe run (run.json) nor a transformers folder" in bad.stderr
 
 

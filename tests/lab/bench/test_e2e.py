@@ -10,7 +10,7 @@ import pytest
 from pp_lab.bench.e2e import AUTO_LINE, median_run, netns_permitted, timeline
 from pp_lab.bench.throttle import LINKS, parse_link
 from pp_lab.bench.throttle import delay_s
-from tests.integration.launch import ROOT
+from tests.integration.launch import HANG_S, ROOT
 
 
 def test_parse_link_forms_and_errors():
@@ -58,7 +58,7 @@ def test_compressed_run_over_a_rate_limited_link(tmp_path):
     namespaces = lambda: set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()) \
         if netns_permitted() is None else set()  # noqa: E731
     before = namespaces()  # another benchmark running beside this test may hold namespaces of its own
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = list(csv.DictReader(open(out.with_suffix(".csv"))))
     assert [x["spec"] for x in rows] == ["none", "int8"]
@@ -77,10 +77,10 @@ def test_compressed_run_over_a_rate_limited_link(tmp_path):
 
 def test_bad_options_stop_before_any_run(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/e2e.py"), "--recipe", "finetune", "--model", "tiny",
-                        "--work", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                        "--work", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode != 0 and "--model tiny: the finetune recipe's model is its checkpoint" in r.stderr
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/e2e.py"), "--steps", "40", "--skip", "40",
-                        "--work", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                        "--work", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode != 0 and "--skip 40: accepted 0..39 (the run has --steps 40)" in r.stderr
 
 

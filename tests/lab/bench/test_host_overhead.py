@@ -2,14 +2,14 @@
 import subprocess
 import sys
 
-from tests.integration.launch import ROOT
+from tests.integration.launch import HANG_S, ROOT
 
 
 def test_host_overhead_writes_the_boundary_table_next_to_a_plain_clone(tmp_path):
     out = tmp_path / "host.md"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/host_overhead.py"), "--device", "cpu", "--spec", "identity",
                            "--spec", "int8", "--small", "2x8x64", "--large", "2x8x64", "--dtype", "fp32", "--calls", "3",
-                           "--rounds", "3", "--boundary", "--out", str(out)], capture_output=True, text=True, timeout=300)
+                           "--rounds", "3", "--boundary", "--out", str(out)], capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr[-3000:]
     md = out.read_text()
     table = md.split("through an in-process boundary", 1)[1].splitlines()
@@ -23,7 +23,7 @@ def test_the_boundary_profile_shows_its_backward_and_the_package_by_cumulative_t
     out = tmp_path / "host.md"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/host_overhead.py"), "--device", "cpu", "--spec", "int8",
                            "--small", "2x8x64", "--large", "2x8x64", "--dtype", "fp32", "--calls", "3", "--rounds", "3",
-                           "--boundary", "--profile", "--out", str(out)], capture_output=True, text=True, timeout=300)
+                           "--boundary", "--profile", "--out", str(out)], capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr[-3000:]
     section = out.read_text().split("`int8`'s boundary", 1)[1]
     assert "The package's own functions by cumulative time" in section

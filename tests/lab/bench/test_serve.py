@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from pp_lab.bench.e2e import netns_permitted
 from pp_lab.bench.throttle import install
-from tests.integration.launch import ROOT
+from tests.integration.launch import HANG_S, ROOT
 
 
 def test_torch_hooks_delay_sends_and_a_source_broadcast(monkeypatch):
@@ -36,7 +36,7 @@ def test_serving_over_a_rate_limited_link(tiny_run, tmp_path):
            "--link", "25mbit@1ms", "--stages", "2", "--batch", "2", "--spec", "none", "--spec", "int8",
            "--prompt-tokens", "16", "--new", "4", "--work", str(tmp_path / "work"), "--out", str(out)]
     env = {**os.environ, "PP_COMPRESS_CACHE": str(cache), "HF_HOME": str(cache / "hf")}
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_S, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = list(csv.DictReader(open(out.with_suffix(".csv"))))
     assert [x["spec"] for x in rows] == ["none", "int8"]

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 pytest.importorskip("deepspeed.runtime.pipe.dualpipev", reason="DualPipeV came with DeepSpeed 0.19.7")
-from tests.integration.launch import ROOT  # noqa: E402
+from tests.integration.launch import HANG_S, ROOT  # noqa: E402
 
 
 def test_a_killed_and_resumed_run_ends_bitwise_where_the_uninterrupted_one_does(tmp_path):
@@ -16,7 +16,7 @@ def test_a_killed_and_resumed_run_ends_bitwise_where_the_uninterrupted_one_does(
                            "--dualpipev-steps", "160", "--save-every", "40", "--log-every", "10",
                            "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--timeout", "300"],
                           env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'lab'}"}, capture_output=True, text=True,
-                          timeout=900)
+                          timeout=HANG_S)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     result = json.loads((tmp_path / "out" / "dualpipev.json").read_text())
     [kill] = result["kills"]

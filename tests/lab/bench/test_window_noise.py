@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from pp_lab.bench.window_noise import comparisons
-from tests.integration.launch import ROOT
+from tests.integration.launch import HANG_S, ROOT
 
 
 def test_adjacent_windows_see_a_drift_that_alternate_steps_do_not():
@@ -25,9 +25,9 @@ def test_the_command_writes_its_table_and_refuses_a_directory_without_metrics(tm
                                                  for s in range(1, 44)))
     out = tmp_path / "noise.md"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/window_noise.py"), str(run), "--out", str(out)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     assert "| adjacent windows (auto's trials) | 1 | 0.0% |" in out.read_text()
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks/window_noise.py"), str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=HANG_S)
     assert bad.returncode != 0 and "no metrics.jsonl" in bad.stderr

@@ -13,7 +13,7 @@ from pp_lab.eval.parity import compare, margin_for, scored_baseline  # noqa: E40
 from pp_lab.eval.tasks import task_dir  # noqa: E402
 from pp_lab import data  # noqa: E402
 from pp_lab.model import GPTConfig, lm_loss  # noqa: E402
-from tests.integration.launch import ROOT  # noqa: E402
+from tests.integration.launch import HANG_S, ROOT  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_parity_command_passes_identical_and_fails_broken_settings(run_dir, tmp_
     # an identical setting and one that keeps one value in 500, which wrecks the model: the bits-per-byte verdict
     # must catch the second, and one candidate worse fails the command
     both = subprocess.run(cmd + ["--candidate", f"{out}@identity", "--candidate", f"{out}@topk:0.002"], env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert both.returncode == 1, both.stdout[-2000:] + both.stderr[-2000:]
     rep = json.loads((tmp_path / "rep.json").read_text())
     same, broken = (c["metrics"] for c in rep["candidates"])
@@ -59,14 +59,14 @@ def test_parity_command_passes_identical_and_fails_broken_settings(run_dir, tmp_
     assert broken["ppc_fixture_ppl/bits_per_byte"]["verdict"] == "worse", both.stdout[-3000:]
     # --task: only the tasks named; the identical setting alone passes
     one = subprocess.run(cmd + ["--candidate", f"{out}@identity", "--task", "lastword"], env=env, capture_output=True,
-                         text=True, timeout=600)
+                         text=True, timeout=HANG_S)
     rows = json.loads((tmp_path / "rep.json").read_text())["candidates"][0]["metrics"]
     assert one.returncode == 0 and sorted(rows) == ["ppc_fixture_lastword/acc", "ppc_fixture_lastword/ll"], one.stdout[-2000:]
     # a committed report's per-document values stand in for the baseline: the same verdicts without its checkpoint
     scores = tmp_path / "rep.docs.json"
     scored = cmd[:cmd.index("--baseline")] + ["--baseline", str(scores)] + cmd[cmd.index("--baseline") + 2:]
     again = subprocess.run([*scored, "--candidate", f"{out}@identity", "--task", "lastword", "--out", str(tmp_path / "again")],
-                           env=env, capture_output=True, text=True, timeout=600)
+                           env=env, capture_output=True, text=True, timeout=HANG_S)
     reused = json.loads((tmp_path / "again.json").read_text())
     assert again.returncode == 0 and reused["candidates"][0]["metrics"] == rows, again.stderr[-2000:]
     assert reused["baseline"] == {"checkpoint": str(out), "compress": "none", "scores": str(scores)}
@@ -84,12 +84,12 @@ def test_lm_eval_cli_runs_the_local_tasks_with_our_model(run_dir, tmp_path):
     env = {"PYTHONPATH": str(ROOT), "PP_COMPRESS_CACHE": str(cache), "HF_HOME": str(cache / "hf"), "PATH": "/usr/bin:/bin"}
     tasks = tmp_path / "tasks"
     built = subprocess.run([sys.executable, str(ROOT / "eval/tasks.py"), "--corpus", "fixture", "--out", str(tasks)],
-                           env=env, capture_output=True, text=True, timeout=300)
+                           env=env, capture_output=True, text=True, timeout=HANG_S)
     assert built.returncode == 0, built.stderr[-2000:]
     cli = subprocess.run([sys.executable, str(ROOT / "eval/lm.py"), "run", "--model", "pp_compress", "--model_args",
                           f"checkpoint={out},compress=int8,stages=2", "--tasks", "ppc_fixture_ppl", "ppc_fixture_nextline",
                           "--include_path", str(tasks), "--limit", "4", "--output_path", str(tmp_path / "res")],
-                         env=env, capture_output=True, text=True, timeout=600)
+                         env=env, capture_output=True, text=True, timeout=HANG_S)
     assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-3000:]
     res = json.loads(next((tmp_path / "res").rglob("results_*.json")).read_text())["results"]
     assert 0 < res["ppc_fixture_ppl"]["bits_per_byte,none"] < 20

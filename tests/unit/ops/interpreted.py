@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import pp_compress as ppc
+from tests.integration.launch import HANG_S
 from pp_compress.ops.base import Compressor, layout_nbytes
 from pp_compress.ops.deferred import Deferred
 
@@ -102,5 +103,5 @@ def compiles_for_hopper(script: str) -> None:
     """Run `script` (which prints 'compiled' at its end; it may use `hopper_ptx`) without the interpreter: the device
     compiler's front end and PTX back end run without a GPU."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

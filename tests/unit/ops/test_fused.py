@@ -4,8 +4,6 @@ import os
 import subprocess
 import sys
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -40,21 +38,18 @@ def test_a_bad_kernels_setting_names_the_accepted_values(monkeypatch):
         fused.kernels()
 
 
-def test_an_old_build_lock_is_named_and_a_fresh_one_is_not(tmp_path, monkeypatch):
-    """A killed build leaves torch's lock file, and every later build waits on it: an old one gets a warning."""
-    import time
+def test_a_lock_left_by_a_killed_build_stops_the_job_with_its_name_instead_of_a_wait(tmp_path, monkeypatch):
+    """Not the eager reference's quiet fallback: the build did not fail, a file is in its way (tests/unit/
+    test_buildlock.py has the check itself)."""
+    from pp_compress import buildlock
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    from torch.utils.cpp_extension import _get_build_directory
-
-    lock = Path(_get_build_directory("pp_compress_fused_test", False)) / "lock"
+    monkeypatch.setattr(fused, "_STATE", {})
+    lock = buildlock.lock_path(fused.build_name(fused.FLAGS[fused.mode()]))
     lock.parent.mkdir(parents=True, exist_ok=True)
-    assert fused.stale_lock("pp_compress_fused_test") is None
     lock.touch()
-    assert fused.stale_lock("pp_compress_fused_test") is None  # another process may be building right now
-    old = time.time() - fused.STALE_LOCK_S - 60
-    os.utime(lock, (old, old))
-    assert fused.stale_lock("pp_compress_fused_test") == lock
+    with pytest.raises(buildlock.StaleBuildLock, match=f"rm '{lock}'"):
+        fused.kernels()
 
 
 def test_the_build_runs_the_ninja_beside_the_interpreter_whatever_path_says(tmp_path, monkeypatch):
