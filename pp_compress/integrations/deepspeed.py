@@ -44,6 +44,7 @@ from .. import buildlock, runtime
 from ..decide import begin_step
 from ..config import CompressionConfig
 from ..ops.base import TensorSpec
+from ..ops.fused import environment_ninja
 from ..pipe import StageCompression, View, sample_ids_of
 from ..policy import Where
 from ..runtime import SECTION, check_same_config, load_json, load_state, resolve_config, save_state, spec_arg
@@ -430,7 +431,8 @@ def prebuild() -> list[str]:
     names. `python -m pp_compress.kernels` calls it where DeepSpeed is installed."""
     for op in jit_ops():
         buildlock.check(op.name)
-        op.load(verbose=False)
+        with environment_ninja():  # the ninja a job's launcher finds too: another one's log would rebuild it
+            op.load(verbose=False)
     return [op.name for op in jit_ops()]
 
 
