@@ -178,10 +178,11 @@ def test_subspace_pipeline_sends_k_coordinates_and_token_ids_and_infer_loads_it(
 
 def test_pretrain_on_the_torch_engine_follows_deepspeed_and_compresses(tmp_path):
     """`--engine torch`: the same GPT through torch.distributed.pipelining (1F1B) with CompressedPipelineStage; it
-    learns, its int8 traffic shrinks ~3.9x, and tied embeddings are refused before any work."""
+    learns, its int8 traffic shrinks ~3.9x, and tied embeddings are refused before any work. Launched with torchrun,
+    as torch.distributed.pipelining users do (the other jobs start through pp_lab/spawn.py)."""
     common = [*TINY, "--steps", "6", "--eval-every", "3", "--untied"]
     ok(*run_job(ROOT / "recipes/pretrain.py", 2, *common, "--engine", "torch", "--pp-compress", "int8,min_numel=0",
-                "--out", str(tmp_path / "torch")))
+                "--out", str(tmp_path / "torch"), launcher="torchrun"))
     train = rows(tmp_path / "torch", "train")
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6] and train[-1]["loss"] < train[0]["loss"]
     summary = json.loads((tmp_path / "torch" / "summary.json").read_text())
