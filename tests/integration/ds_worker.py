@@ -1,6 +1,7 @@
 """One rank of a small DeepSpeed pipeline on CPU/gloo, launched by torchrun from the tests.
 
-Writes <out>/rank<R>.json: losses, bytes through deepspeed's p2p.send, pp_compress stats, step time.
+Writes <out>/rank<R>.json: losses, bytes through deepspeed's p2p.send, pp_compress stats, step time; with --variant
+(variants.py), {"variants": {name: that}}.
 """
 import argparse
 import importlib
@@ -9,6 +10,7 @@ import os
 import time
 
 import torch
+import variants
 from torch import nn
 
 ap = argparse.ArgumentParser()
@@ -37,8 +39,10 @@ ap.add_argument("--reshape", action="store_true", help="(MBS, T, D) inputs, T = 
                 "after, with engine.reset_activation_shape() between")
 ap.add_argument("--pair", action="store_true", help="every stage sends two float tensors, (hidden, a side tensor "
                 "made from it) and counts the backward passes through its first layer")
+variants.add_argument(ap)
 ap.add_argument("--out", required=True)
 args = ap.parse_args()
+VARIANTS = variants.parse(ap, args)
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
@@ -187,36 +191,47 @@ def tokens(seed, skip=0):
 
 
 SHAPE = {"T": 8}
-engine = make_engine()
-dp_id = engine.grid.data_parallel_id
-it = data(100 + dp_id)
-losses, t0 = [], time.perf_counter()
-steps = args.steps // 2 if args.ckpt else args.steps
-for step in range(steps):
-    if args.reshape and step == steps // 2:
-        SHAPE["T"] = 4
-        engine.reset_activation_shape()
-        it = data(200 + dp_id)
-    losses.append(float(engine.train_batch(it)))
-step_time = (time.perf_counter() - t0) / steps
-sent_train = SENT["bytes"]
-result = {"rank": rank, "stage": engine.stage_id, "engine": type(engine).__name__, "dp": dp_id,
-          "tp": engine.grid.get_slice_parallel_rank() if args.tp else 0, "losses": losses, "sent_bytes": sent_train,
-          "step_time": step_time, "backward_passes": PASSES["backward"],
-          "stats": engine.pp_compress_stats() if hasattr(engine, "pp_compress_stats") else {}}
-if args.ckpt:
-    engine.save_checkpoint(args.ckpt)
-    result["continued"] = [float(engine.train_batch(it)) for _ in range(args.steps - steps)]
-    fresh = make_engine()
-    fresh.load_checkpoint(args.ckpt)
-    it2 = data(100 + dp_id, skip=steps * GAS)
-    result["resumed"] = [float(fresh.train_batch(it2)) for _ in range(args.steps - steps)]
-result["eval"] = float(engine.eval_batch(data(7 + dp_id)))
-if args.eval_options:
-    out, logits = engine.eval_batch(data(8 + dp_id), return_logits=True, bcast_loss=False, num_micro_batches=2,
-                                    reduce_output=None)
-    result["eval_logits_sum"] = float(logits.double().sum()) if torch.is_tensor(logits) else None
-    result["eval_nobcast"] = None if out is None else [float(torch.as_tensor(o).double().sum()) for o in out]
+
+
+def train(variant: argparse.Namespace) -> dict:
+    """Train the variant's engine from scratch: this rank's result."""
+    global args, H
+    args = variant
+    SENT["bytes"], PASSES["backward"], SHAPE["T"], H = 0, 0, 8, args.hidden
+    engine = make_engine()
+    dp_id = engine.grid.data_parallel_id
+    it = data(100 + dp_id)
+    losses, t0 = [], time.perf_counter()
+    steps = args.steps // 2 if args.ckpt else args.steps
+    for step in range(steps):
+        if args.reshape and step == steps // 2:
+            SHAPE["T"] = 4
+            engine.reset_activation_shape()
+            it = data(200 + dp_id)
+        losses.append(float(engine.train_batch(it)))
+    step_time = (time.perf_counter() - t0) / steps
+    sent_train = SENT["bytes"]
+    result = {"rank": rank, "stage": engine.stage_id, "engine": type(engine).__name__, "dp": dp_id,
+              "tp": engine.grid.get_slice_parallel_rank() if args.tp else 0, "losses": losses, "sent_bytes": sent_train,
+              "step_time": step_time, "backward_passes": PASSES["backward"],
+              "stats": engine.pp_compress_stats() if hasattr(engine, "pp_compress_stats") else {}}
+    if args.ckpt:
+        engine.save_checkpoint(args.ckpt)
+        result["continued"] = [float(engine.train_batch(it)) for _ in range(args.steps - steps)]
+        fresh = make_engine()
+        fresh.load_checkpoint(args.ckpt)
+        it2 = data(100 + dp_id, skip=steps * GAS)
+        result["resumed"] = [float(fresh.train_batch(it2)) for _ in range(args.steps - steps)]
+    result["eval"] = float(engine.eval_batch(data(7 + dp_id)))
+    if args.eval_options:
+        out, logits = engine.eval_batch(data(8 + dp_id), return_logits=True, bcast_loss=False, num_micro_batches=2,
+                                        reduce_output=None)
+        result["eval_logits_sum"] = float(logits.double().sum()) if torch.is_tensor(logits) else None
+        result["eval_nobcast"] = None if out is None else [float(torch.as_tensor(o).double().sum()) for o in out]
+    return result
+
+
+output = variants.run(train, args, VARIANTS, rank)
 with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-    json.dump(result, f)
+    json.dump(output, f)
 ppd.finish()  # barrier, DeepSpeed's /dev/shm buffers removed, process group down, os._exit(0) (no C++ finalizers)

@@ -1,5 +1,6 @@
 """ds_worker.py jobs for the tests; the launcher itself is lab/pp_lab/launch.py (shared with the study and benchmarks)."""
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,15 @@ def launch(out: Path, nproc: int, *worker_args: str, timeout: int = HANG_S) -> t
         r = json.loads(p.read_text())
         results[r["rank"]] = r
     return rc, log, results
+
+
+def launch_variants(out: Path, nproc: int, variants: dict[str, list[str]], *worker_args: str,
+                    timeout: int = HANG_S) -> tuple[int, str, dict[str, dict[int, dict]]]:
+    """ds_worker.py on nproc ranks, training one engine per variant in the same job (its args added to worker_args);
+    returns (exit code, log, {variant: {rank: its result}})."""
+    rc, log, results = launch(out, nproc, *worker_args, *(f"--variant={name}={shlex.join(args)}"
+                                                            for name, args in variants.items()), timeout=timeout)
+    return rc, log, {name: {rank: r["variants"][name] for rank, r in results.items()} for name in variants}
 
 
 def run_job(script: Path, nproc: int, *args: str, timeout: int = HANG_S, **kwargs: Any) -> tuple[int, str]:

@@ -4,7 +4,7 @@ import torch
 
 pytest.importorskip("deepspeed")
 import pp_compress as ppc  # noqa: E402
-from tests.integration.launch import launch  # noqa: E402
+from tests.integration.launch import launch, launch_variants  # noqa: E402
 
 HANDSHAKE, META = 4, 1024  # DeepSpeed's own p2p bytes: init handshake (stage 0) + one activation meta message
 
@@ -16,9 +16,17 @@ def run(tmp_path, nproc, *args):
     return res
 
 
+def variants(tmp_path, nproc, variants, *args):
+    """One job training each variant's engine in turn: {variant: {rank: result}}."""
+    rc, log, res = launch_variants(tmp_path, nproc, variants, *args)
+    assert rc == 0, log[-4000:]
+    assert all(len(r) == nproc for r in res.values()), log[-4000:]
+    return res
+
+
 def test_identity_is_bitwise_plain_deepspeed(tmp_path):
-    plain = run(tmp_path / "plain", 2, "--steps", "6")
-    ident = run(tmp_path / "ident", 2, "--steps", "6", "--spec", "identity")
+    res = variants(tmp_path, 2, {"plain": [], "ident": ["--spec", "identity"]}, "--steps", "6")
+    plain, ident = res["plain"], res["ident"]
     assert plain[0]["losses"] == ident[0]["losses"] and plain[0]["eval"] == ident[0]["eval"]
     assert plain[0]["sent_bytes"] == ident[0]["sent_bytes"] and plain[1]["sent_bytes"] == ident[1]["sent_bytes"]
 
@@ -54,15 +62,20 @@ def test_more_stages_bf16_and_data_parallel(tmp_path, nproc, stages, extra):
     assert seen >= {f"b{b}.{d}" for b in range(stages - 1) for d in ("act", "grad")}
 
 
-@pytest.mark.parametrize("spec,extra", [("act=topk:0.2+ef21,grad=randk:0.3+ef", []),
-                                         ("act=int4+aqsgd,grad=topk:0.3+aqsgd", ["--ids"]),
-                                         ("act=mdtopk:0.3:mode=stochastic+ef,grad=nat:bits=4", [])])
-def test_checkpoint_resume_with_error_feedback_is_identical(tmp_path, spec, extra):
-    res = run(tmp_path, 4, "--stages", "2", "--steps", "8", "--spec", spec, "--ckpt", str(tmp_path / "ckpt"), *extra)
-    for r in res.values():
-        assert r["continued"] == r["resumed"], r
-        if not extra:  # measured at step 0 (AQ-SGD sends first visits raw: no error there)
-            assert r["stats"]["b0.act" if r["stage"] == 0 else "b0.grad"]["rel_error"] > 0
+CKPT_SPECS = {"ef21": ("act=topk:0.2+ef21,grad=randk:0.3+ef", []), "aqsgd": ("act=int4+aqsgd,grad=topk:0.3+aqsgd", ["--ids"]),
+              "ef": ("act=mdtopk:0.3:mode=stochastic+ef,grad=nat:bits=4", [])}
+
+
+def test_checkpoint_resume_with_error_feedback_is_identical(tmp_path):
+    """Each setting in one job of 2 stages x 2 data-parallel ranks: saved at step 4, continued, and resumed into a fresh
+    engine from the checkpoint."""
+    runs = {name: ["--spec", spec, "--ckpt", str(tmp_path / f"ckpt_{name}"), *extra]
+            for name, (spec, extra) in CKPT_SPECS.items()}
+    for name, res in variants(tmp_path, 4, runs, "--stages", "2", "--steps", "8").items():
+        for r in res.values():
+            assert r["continued"] == r["resumed"], (name, r)
+            if name != "aqsgd":  # measured at step 0 (AQ-SGD sends first visits raw: no error there)
+                assert r["stats"]["b0.act" if r["stage"] == 0 else "b0.grad"]["rel_error"] > 0, name
 
 
 def test_aqsgd_with_sample_ids_in_the_tuple_learns_and_revisits_samples(tmp_path):
@@ -88,21 +101,21 @@ def test_bad_spec_fails_clearly_on_every_rank(tmp_path):
 def test_bool_masks_pass_untouched_and_identity_stays_bitwise(tmp_path):
     """has_attention_mask: stock DeepSpeed sends the mask as half; pp_compress sends its uint8 bytes, compresses the
     float tensor, and with identity trains bitwise like stock."""
-    plain = run(tmp_path / "plain", 2, "--steps", "4", "--mask")
-    ident = run(tmp_path / "ident", 2, "--steps", "4", "--mask", "--spec", "identity")
+    res = variants(tmp_path, 2, {"plain": [], "ident": ["--spec", "identity"], "int8": ["--spec", "int8"]},
+                   "--steps", "4", "--mask")
+    plain, ident, int8 = res["plain"], res["ident"], res["int8"]
     assert plain[0]["losses"] == ident[0]["losses"] and plain[0]["eval"] == ident[0]["eval"]
     assert ident[0]["sent_bytes"] < plain[0]["sent_bytes"]  # 1 byte per mask element instead of 2
-    int8 = run(tmp_path / "int8", 2, "--steps", "4", "--mask", "--spec", "int8")
     assert int8[0]["stats"]["b0.act"]["ratio"] > 1.5
 
 
 def test_enable_hooks_deepspeed_initialize_from_the_json_section(tmp_path):
     """ppd.enable() + the script's own deepspeed.initialize(args=...): compressed with a "pp_compress" section,
     stock DeepSpeed (bitwise) without one."""
-    plain = run(tmp_path / "plain", 2, "--steps", "4")
-    stock = run(tmp_path / "stock", 2, "--steps", "4", "--enable")
+    res = variants(tmp_path, 2, {"plain": [], "stock": ["--enable"], "hooked": ["--enable", "--spec", "act=int8,grad=int8"]},
+                   "--steps", "4")
+    plain, stock, hooked = res["plain"], res["stock"], res["hooked"]
     assert stock[0]["engine"] == "PipelineEngine" and stock[0]["losses"] == plain[0]["losses"]
     assert stock[0]["sent_bytes"] == plain[0]["sent_bytes"]
-    hooked = run(tmp_path / "hooked", 2, "--steps", "4", "--enable", "--spec", "act=int8,grad=int8")
     assert hooked[0]["engine"] == "CompressedPipelineEngine"
     assert hooked[0]["stats"]["b0.act"]["ratio"] > 3 and hooked[1]["stats"]["b0.grad"]["ratio"] > 3

@@ -5,14 +5,15 @@ the sequential model; here stock DeepSpeed is the reference, on the same worker.
 import pytest
 
 pytest.importorskip("deepspeed")
-from tests.integration.launch import launch  # noqa: E402
+from tests.integration.launch import launch_variants  # noqa: E402
 
 
-def run(tmp_path, nproc, *args):
-    rc, log, res = launch(tmp_path, nproc, *args)
+def variants(tmp_path, nproc, variants, *args):
+    """One job training each variant's engine in turn: {variant: {rank: result}}."""
+    rc, log, res = launch_variants(tmp_path, nproc, variants, *args)
     assert rc == 0, log[-4000:]
-    assert len(res) == nproc, log[-4000:]
-    return res, log
+    assert all(len(r) == nproc for r in res.values()), log[-4000:]
+    return res
 
 
 def _same(a: dict, b: dict, keys: tuple[str, ...]) -> None:
@@ -30,11 +31,10 @@ def test_identity_is_bitwise_stock_and_int8_stays_close(tmp_path, feature):
 
     if "--act-ckpt" in feature and release(deepspeed.__version__) < (0, 19, 0):
         pytest.skip("stock DeepSpeed before 0.19 cannot checkpoint activations on its CPU accelerator (no Stream there)")
-    stock, _ = run(tmp_path / "stock", 2, "--steps", "4", *feature)
-    ident, _ = run(tmp_path / "ident", 2, "--steps", "4", "--spec", "identity", *feature)
+    res = variants(tmp_path, 2, {"stock": [], "ident": ["--spec", "identity"], "int8": ["--spec", "int8", "--hidden", "256"],
+                                 "stock256": ["--hidden", "256"]}, "--steps", "4", *feature)
+    stock, ident, int8, stock256 = res["stock"], res["ident"], res["int8"], res["stock256"]
     _same(stock, ident, ("losses", "eval", "eval_logits_sum", "eval_nobcast", "sent_bytes"))
-    int8, _ = run(tmp_path / "int8", 2, "--steps", "4", "--spec", "int8", "--hidden", "256", *feature)
-    stock256, _ = run(tmp_path / "stock256", 2, "--steps", "4", "--hidden", "256", *feature)
     for a, b in zip(int8[1]["losses"], stock256[1]["losses"]):
         assert abs(a - b) <= 0.02 * abs(b) + 1e-3
     if "--eval-options" in feature:  # the logits came back from the last stage (rank 1) through compressed traffic
@@ -44,12 +44,12 @@ def test_identity_is_bitwise_stock_and_int8_stays_close(tmp_path, feature):
 
 def test_dualpipev_identity_is_bitwise_stock_and_int8_compresses(tmp_path):
     pytest.importorskip("deepspeed.runtime.pipe.dualpipev", reason="DualPipeV came with DeepSpeed 0.19.7")
-    stock, _ = run(tmp_path / "stock", 2, "--steps", "4", "--dualpipev")
-    ident, _ = run(tmp_path / "ident", 2, "--steps", "4", "--dualpipev", "--enable", "--spec", "identity")
+    res = variants(tmp_path, 2, {"stock": [], "ident": ["--enable", "--spec", "identity"],
+                                 "int8": ["--enable", "--spec", "int8", "--hidden", "256"], "stock256": ["--hidden", "256"]},
+                   "--steps", "4", "--dualpipev")
+    stock, ident, int8, stock256 = res["stock"], res["ident"], res["int8"], res["stock256"]
     assert {r["engine"] for r in ident.values()} == {"CompressedDualPipeVEngine"}
     _same(stock, ident, ("losses", "eval"))
-    int8, _ = run(tmp_path / "int8", 2, "--steps", "4", "--dualpipev", "--enable", "--spec", "int8", "--hidden", "256")
-    stock256, _ = run(tmp_path / "stock256", 2, "--steps", "4", "--dualpipev", "--hidden", "256")
     rows = {k: v for r in int8.values() for k, v in r["stats"].items() if v["calls"]}
     # 2 ranks, 4 model stages: boundaries 0 (rank 0 -> 1) and 2 (rank 1 -> 0) cross the wire, 1 is the turn-around
     assert set(rows) == {"b0.act", "b2.act", "b0.grad", "b2.grad"}  # (the worker reads the stats before eval_batch)
@@ -68,8 +68,9 @@ def test_several_float_outputs_take_one_backward_pass(tmp_path, engine):
     dualpipev = ("--dualpipev", "--enable") if engine == "dualpipev" else ()
     if dualpipev:
         pytest.importorskip("deepspeed.runtime.pipe.dualpipev", reason="DualPipeV came with DeepSpeed 0.19.7")
-    stock, _ = run(tmp_path / "stock", 2, "--steps", str(steps), "--pair", *dualpipev[:1])
-    ident, _ = run(tmp_path / "ident", 2, "--steps", str(steps), "--pair", "--spec", "identity", *dualpipev)
+    res = variants(tmp_path, 2, {"stock": [], "ident": ["--spec", "identity", *dualpipev[1:]]}, "--steps", str(steps),
+                   "--pair", *dualpipev[:1])
+    stock, ident = res["stock"], res["ident"]
     stock_per_mb, ident_per_mb = ({0: 3, 1: 4}, {0: 2, 1: 2}) if dualpipev else ({0: 2, 1: 1}, {0: 1, 1: 1})
     def passes(res: dict) -> dict[int, int]:
         return {r: v["backward_passes"] // (steps * gas) for r, v in res.items()}

@@ -5,7 +5,7 @@ import torch
 
 pytest.importorskip("deepspeed")
 import pp_compress as ppc  # noqa: E402
-from tests.integration.launch import launch  # noqa: E402
+from tests.integration.launch import launch, launch_variants  # noqa: E402
 
 TP = ["--tp", "2", "--steps", "4"]
 SBH = (16, 4, 64)  # [seq, batch, hidden] of the tiny GPT in ds_worker.py
@@ -20,12 +20,13 @@ def run(tmp_path, *args):
 
 @pytest.mark.parametrize("mode", [[], ["--no-partition"]], ids=["partitioned", "full"])
 def test_identity_is_bitwise_stock_deepspeed_and_int8_shrinks_the_send(tmp_path, mode):
-    stock = run(tmp_path / "stock", *TP, *mode)
-    ident = run(tmp_path / "ident", *TP, *mode, "--spec", "identity")
+    rc, log, res = launch_variants(tmp_path, 4, {"stock": [], "ident": ["--spec", "identity"],
+                                                 "int8": ["--spec", "act=int8,grad=int8,batch_dim=1"]}, *TP, *mode)
+    assert rc == 0 and all(len(r) == 4 for r in res.values()), log[-4000:]
+    stock, ident, int8 = res["stock"], res["ident"], res["int8"]
     for r in range(4):
         assert stock[r]["losses"] == ident[r]["losses"] and stock[r]["eval"] == ident[r]["eval"]
         assert stock[r]["sent_bytes"] == ident[r]["sent_bytes"]
-    int8 = run(tmp_path / "int8", *TP, *mode, "--spec", "act=int8,grad=int8,batch_dim=1")
     calls = 4 * 4  # training micro-batches (sent_bytes is read before the final eval_batch)
     slice_shape = (SBH[0] // 2, *SBH[1:]) if not mode else SBH  # each TP rank sends its half, or everything
     payload = ppc.build("int8").wire_nbytes(slice_shape, torch.float32) + (0 if mode else META * 8)

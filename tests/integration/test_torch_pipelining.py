@@ -1,22 +1,26 @@
 """pp_compress.torch_pipelining on real torchrun processes (gloo): four of torch's schedules."""
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 
-from tests.integration.launch import HANG_S, run_job
+from tests.integration.launch import run_job
 
 WORKER = Path(__file__).with_name("torch_pipe_worker.py")
 SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble"]
 
 
-def run(out: Path, *args: str) -> dict[int, dict]:
+def run(out: Path, variants: dict[str, list[str]], *args: str) -> dict[str, dict[int, dict]]:
+    """One job of 2 ranks training each variant's stages in turn (tests/integration/variants.py): {variant: {rank:
+    result}}."""
     out.mkdir(parents=True, exist_ok=True)
-    rc, log = run_job(WORKER, 2, "--out", str(out), *args, timeout=HANG_S)
+    rc, log = run_job(WORKER, 2, "--out", str(out), *args, *(f"--variant={name}={shlex.join(extra)}"
+                                                                for name, extra in variants.items()))
     assert rc == 0, log[-4000:]
-    res = {r["rank"]: r for r in (json.loads(p.read_text()) for p in out.glob("rank*.json"))}
-    assert len(res) == 2, log[-4000:]
-    return res
+    files = [json.loads(p.read_text()) for p in out.glob("rank*.json")]
+    assert len(files) == 2, log[-4000:]
+    return {name: {r["rank"]: r["variants"][name] for r in files} for name in variants}
 
 
 def losses(res: dict[int, dict]) -> list[float]:
@@ -25,8 +29,8 @@ def losses(res: dict[int, dict]) -> list[float]:
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_identity_is_bitwise_the_stock_stage(tmp_path, schedule):
-    stock = run(tmp_path / "stock", "--schedule", schedule)
-    ident = run(tmp_path / "ident", "--schedule", schedule, "--spec", "identity")
+    res = run(tmp_path, {"stock": [], "ident": ["--spec", "identity"]}, "--schedule", schedule)
+    stock, ident = res["stock"], res["ident"]
     assert {r["engine"] for r in ident.values()} == {"CompressedPipelineStage"}
     assert losses(stock) == losses(ident) and len(losses(stock)) == 4
     assert [stock[r]["sent_bytes"] for r in (0, 1)] == [ident[r]["sent_bytes"] for r in (0, 1)]
@@ -35,8 +39,8 @@ def test_identity_is_bitwise_the_stock_stage(tmp_path, schedule):
 @pytest.mark.parametrize("schedule,spec,ratio", [("GPipe", "int8", 3.8), ("1F1B", "act=nf6,grad=int3:stoch", 6.8),
                                                  ("Interleaved1F1B", "int8", 3.8), ("ZBVZeroBubble", "act=nf6,grad=int3:stoch", 6.8)])
 def test_compressed_bytes_shrink_by_the_stated_ratio_and_training_follows(tmp_path, schedule, spec, ratio):
-    stock = run(tmp_path / "stock", "--schedule", schedule, "--hidden", "256", "--steps", "6")
-    comp = run(tmp_path / "comp", "--schedule", schedule, "--hidden", "256", "--steps", "6", "--spec", spec)
+    res = run(tmp_path, {"stock": [], "comp": ["--spec", spec]}, "--schedule", schedule, "--hidden", "256", "--steps", "6")
+    stock, comp = res["stock"], res["comp"]
     total = sum(r["sent_bytes"] for r in stock.values()) / sum(r["sent_bytes"] for r in comp.values())
     rows = {k: v for r in comp.values() for k, v in r["stats"].items() if v["calls"]}  # the senders' rows
     assert {k.split(".")[1] for k in rows} == {"act", "grad"}
