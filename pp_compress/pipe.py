@@ -60,9 +60,11 @@ class StageCompression:
                                  f"0..{num_stages - 2}")
         self.policy = BoundaryPolicy(cfg)
         self.stats: dict[str, DirectionStats] = {}
-        self._act_floats: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
-        """Per boundary this stage sends activations over: (tuple position, shape as compressed) of its float tensors,
-        in the order their gradients come back."""
+        self._act_floats: dict[tuple[int, int], list[tuple[int, tuple[int, ...]]]] = {}
+        """Per boundary this stage sends activations over and micro-batch: (tuple position, shape as compressed) of its
+        float tensors, in the order their gradients come back. Keyed per micro-batch: where micro-batches differ in
+        length (variable sequence lengths, packed sequences), the gradient that comes back belongs to an earlier
+        micro-batch than the last one sent."""
 
     @property
     def cfg(self) -> CompressionConfig:
@@ -108,8 +110,9 @@ class StageCompression:
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
         seen = views(list(tensors)) if views else {}
         if where.direction == "act":
-            self._act_floats[where.boundary] = [(i, seen[i][0] if i in seen else s.shape) for i, s in enumerate(specs)
-                                                if s.dtype.is_floating_point]
+            self._act_floats[where.boundary, where.micro_batch] = [(i, seen[i][0] if i in seen else s.shape)
+                                                                   for i, s in enumerate(specs)
+                                                                   if s.dtype.is_floating_point]
         ids = sample_ids if sample_ids is not None else sample_ids_of(tensors)
         measure = self.policy.measures_error(where)  # on an accelerator, these messages are the ones timed too
         out, ops = [], []
@@ -215,7 +218,8 @@ class StageCompression:
         """Hand the gradients that came back to the activation operator that sent their tensors (mdtopk learns from
         them; for every other operator it does nothing). The j-th float gradient belongs to the j-th float
         activation."""
-        act, floats = self.policy.built(where.boundary, "act"), self._act_floats.get(where.boundary)
+        act, floats = self.policy.built(where.boundary, "act"), self._act_floats.get((where.boundary,
+                                                                                      where.micro_batch))
         if act is None or floats is None:
             return
         act_where = Where(where.boundary, "act", where.step, where.micro_batch, True)

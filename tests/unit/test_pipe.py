@@ -111,6 +111,26 @@ def test_mdtopk_sender_learns_from_the_gradient_that_comes_back():
     assert "log_w" in a.state_dict()["ops"]["0.act"]["inner"]
 
 
+def test_micro_batches_of_different_lengths_get_their_own_gradients_back():
+    """Variable sequence lengths under 1F1B: two micro-batches' activations cross before the first one's gradient comes
+    back, each of its own length ([seq, batch, hidden], 17 then 16 positions); each gradient is decoded against its
+    own micro-batch's shape (it was kept per boundary only, and the first gradient failed to reshape)."""
+    a, b = _pair("act=int8,grad=int8,batch_dim=1")
+    act_send, act_recv = _link()
+    grad_send, grad_recv = _link()
+    cpu = torch.device("cpu")
+    xs = {mb: torch.randn(17 - mb, 4, 32) for mb in (0, 1)}
+    for mb, x in xs.items():
+        a.send([x], 0, "act", step=0, micro_batch=mb, training=True, send_fn=act_send)
+        b.recv([TensorSpec(tuple(x.shape), x.dtype)], 0, "act", step=0, micro_batch=mb, training=True,
+               recv_fn=act_recv, device=cpu)
+    for mb, x in xs.items():  # the gradients come back in the same order, after both forwards
+        b.send([torch.ones_like(x)], 0, "grad", step=0, micro_batch=mb, training=True, send_fn=grad_send)
+        g = a.recv([TensorSpec(tuple(x.shape), x.dtype)], 0, "grad", step=0, micro_batch=mb, training=True,
+                   recv_fn=grad_recv, device=cpu)
+        assert g[0].shape == x.shape and torch.allclose(g[0], torch.ones_like(x), atol=1e-3)
+
+
 def test_encode_and_decode_serve_an_engine_that_posts_every_buffer_at_once():
     """Compression apart from transport: with no sample ids or views, the receiver allocates every buffer up front
     (as a batched, asynchronous P2P engine does), and gets what the blocking send/recv path gets."""
