@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from typing import Any, NoReturn
 
 import torch
@@ -53,11 +54,19 @@ def launch_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+QUIET_EXIT_DELAY_S = 5.0
+"""How long the ranks that do not print `exit_once`'s message wait before exiting: launchers stop every rank as soon as
+one fails (the deepspeed launcher, torchrun), and rank 0 must have printed by then."""
+
+
 def exit_once(message: str, status: int = 2) -> NoReturn:
     """Stop every rank of a job that cannot start, with one message: rank 0 prints it, the others exit quietly (each
-    would print the same text), all with `status`. Before any process-group work, so no collective can hang."""
+    would print the same text) a moment later, all with `status`. Before any process-group work, so no collective can
+    hang."""
     if launch_rank() == 0:
         print(f"error: {message}", file=sys.stderr)
+    else:
+        time.sleep(QUIET_EXIT_DELAY_S)
     sys.stdout.flush()
     sys.stderr.flush()
     raise SystemExit(status)
