@@ -39,10 +39,7 @@ ap.add_argument("--reshape", action="store_true", help="(MBS, T, D) inputs, T = 
                 "after, with engine.reset_activation_shape() between")
 ap.add_argument("--pair", action="store_true", help="every stage sends two float tensors, (hidden, a side tensor "
                 "made from it) and counts the backward passes through its first layer")
-variants.add_argument(ap)
-ap.add_argument("--out", required=True)
-args = ap.parse_args()
-VARIANTS = variants.parse(ap, args)
+args, VARIANTS = variants.parse_args(ap)
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
@@ -231,7 +228,5 @@ def train(variant: argparse.Namespace) -> dict:
     return result
 
 
-output = variants.run(train, args, VARIANTS, rank)
-with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-    json.dump(output, f)
+variants.write(train, args, VARIANTS, rank)
 ppd.finish()  # barrier, DeepSpeed's /dev/shm buffers removed, process group down, os._exit(0) (no C++ finalizers)

@@ -10,8 +10,6 @@ shape tensors on `torch.cuda.current_device()`, `torch.cuda.synchronize()`, and 
 (schedules.py's `total_num_tokens`).
 """
 import argparse
-import json
-import os
 
 import torch
 import torch.distributed as dist
@@ -49,10 +47,7 @@ ap.add_argument("--steps", type=int, default=3)
 ap.add_argument("--hidden", type=int, default=32)
 ap.add_argument("--save", default=None, help="after --steps steps, save the compression state here, restart the "
                 "session (enable again, load) and run --steps more")
-variants.add_argument(ap)
-ap.add_argument("--out", required=True)
-args = ap.parse_args()
-VARIANTS = variants.parse(ap, args)
+args, VARIANTS = variants.parse_args(ap)
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -137,9 +132,5 @@ def train(variant: argparse.Namespace) -> dict:
     return result
 
 
-output = variants.run(train, args, VARIANTS, rank)
-with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-    json.dump(output, f)
-dist.barrier()
-dist.destroy_process_group()
-os._exit(0)  # no C++ finalizers: gloo's threads can abort a finished rank at exit (see pp_compress.runtime.finish)
+variants.write(train, args, VARIANTS, rank)
+variants.end()

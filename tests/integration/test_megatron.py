@@ -1,27 +1,21 @@
 """pp_compress.megatron on Megatron-Core's own schedules, in real processes on CPU/gloo (the CUDA shim lives in
 megatron_worker.py): identity is bitwise the stock engine, compressed traffic shrinks and trains, variable lengths and
 a restarted session work."""
-import json
-import shlex
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("megatron.core")
-from tests.integration.launch import run_job  # noqa: E402
+from tests.integration.launch import launch_variants  # noqa: E402
 
 WORKER = Path(__file__).with_name("megatron_worker.py")
 
 
 def run(out: Path, nproc: int, variants: dict[str, list[str]], *args: str) -> dict[str, dict[int, dict]]:
-    """One job training each variant in turn (tests/integration/variants.py): {variant: {rank: result}}."""
-    out.mkdir(parents=True, exist_ok=True)
-    rc, log = run_job(WORKER, nproc, "--out", str(out), *args, *(f"--variant={name}={shlex.join(extra)}"
-                                                                   for name, extra in variants.items()))
-    assert rc == 0, log[-4000:]
-    files = [json.loads(p.read_text()) for p in out.glob("rank*.json")]
-    assert len(files) == nproc, log[-4000:]
-    return {name: {r["rank"]: r["variants"][name] for r in files} for name in variants}
+    """One job training each variant in turn: {variant: {rank: result}}."""
+    rc, log, res = launch_variants(out, nproc, variants, *args, worker=WORKER)
+    assert rc == 0 and all(len(r) == nproc for r in res.values()), log[-4000:]
+    return res
 
 
 def same(a: dict[int, dict], b: dict[int, dict]) -> None:

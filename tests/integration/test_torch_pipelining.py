@@ -1,26 +1,19 @@
 """pp_compress.torch_pipelining on real torchrun processes (gloo): four of torch's schedules."""
-import json
-import shlex
 from pathlib import Path
 
 import pytest
 
-from tests.integration.launch import run_job
+from tests.integration.launch import launch_variants
 
 WORKER = Path(__file__).with_name("torch_pipe_worker.py")
 SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble"]
 
 
 def run(out: Path, variants: dict[str, list[str]], *args: str) -> dict[str, dict[int, dict]]:
-    """One job of 2 ranks training each variant's stages in turn (tests/integration/variants.py): {variant: {rank:
-    result}}."""
-    out.mkdir(parents=True, exist_ok=True)
-    rc, log = run_job(WORKER, 2, "--out", str(out), *args, *(f"--variant={name}={shlex.join(extra)}"
-                                                                for name, extra in variants.items()))
-    assert rc == 0, log[-4000:]
-    files = [json.loads(p.read_text()) for p in out.glob("rank*.json")]
-    assert len(files) == 2, log[-4000:]
-    return {name: {r["rank"]: r["variants"][name] for r in files} for name in variants}
+    """One job of 2 ranks training each variant's stages in turn: {variant: {rank: result}}."""
+    rc, log, res = launch_variants(out, 2, variants, *args, worker=WORKER)
+    assert rc == 0 and all(len(r) == 2 for r in res.values()), log[-4000:]
+    return res
 
 
 def losses(res: dict[int, dict]) -> list[float]:

@@ -5,8 +5,6 @@ schedule steps with SGD. Writes <out>/rank<R>.json: the losses (last stage), byt
 pp_compress stats; with --variant (variants.py), {"variants": {name: that}}.
 """
 import argparse
-import json
-import os
 
 import torch
 import torch.distributed as dist
@@ -19,10 +17,7 @@ ap.add_argument("--schedule", default="GPipe", choices=["GPipe", "1F1B", "Interl
 ap.add_argument("--spec", default=None, help="pp_compress spec; omitted = the stock PipelineStage")
 ap.add_argument("--steps", type=int, default=4)
 ap.add_argument("--hidden", type=int, default=64)
-variants.add_argument(ap)
-ap.add_argument("--out", required=True)
-args = ap.parse_args()
-VARIANTS = variants.parse(ap, args)
+args, VARIANTS = variants.parse_args(ap)
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -99,9 +94,5 @@ def make_stage(i: int, n_stages: int) -> PipelineStage:
 
 
 B, T, MB = 16, 8, 4
-output = variants.run(train, args, VARIANTS, rank)
-with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-    json.dump(output, f)
-dist.barrier()
-dist.destroy_process_group()
-os._exit(0)  # no C++ finalizers: gloo's threads can abort a finished rank at exit (see pp_compress.runtime.finish)
+variants.write(train, args, VARIANTS, rank)
+variants.end()
