@@ -13,8 +13,8 @@ wait_on_reqs)`: `tensor_send_next` carries activations to the next pipeline rank
 activation-gradients to the previous one. `CompressedP2PCommunicator` overrides that method alone, on the shared
 `StageCompression` path (encode, recv_buffers, decode around one batch of P2P ops). `enable()` puts it where the
 schedules build their communicator (the module-level name `P2PCommunicator` in `schedules.py`, one per call of a
-schedule, so one per step) and marks each schedule call's step and whether it trains; passing
-`p2p_communicator=CompressedP2PCommunicator(pp_group, config)` with `pg_collection=` works too (build one per call).
+schedule, so one per step) and marks whether each schedule call trains; after `enable()`, passing
+`p2p_communicator=CompressedP2PCommunicator(pp_group, config)` with `pg_collection=` works too (a new one per call).
 
 Link b carries activations from pipeline rank b to rank b + 1 (mod the pipeline size: the interleaved schedule's last
 rank sends its chunk's output to rank 0) and their gradients back. Messages are numbered per link and direction
