@@ -25,15 +25,18 @@ def launch(out: Path, nproc: int, *worker_args: str, timeout: int = HANG_S) -> t
     return rc, log, results
 
 
-def launch_variants(out: Path, nproc: int, variants: dict[str, list[str]], *worker_args: str, worker: Path = WORKER,
-                    timeout: int = HANG_S) -> tuple[int, str, dict[str, dict[int, dict]]]:
+def run_variants(out: Path, nproc: int, variants: dict[str, list[str]], *worker_args: str, worker: Path = WORKER,
+                 timeout: int = HANG_S) -> dict[str, dict[int, dict]]:
     """A test worker (ds_worker.py by default) on nproc ranks, training one engine per variant in the same job (its
-    args added to worker_args; tests/integration/variants.py); returns (exit code, log, {variant: {rank: result}})."""
+    args added to worker_args; tests/integration/variants.py); asserts that it succeeded and every rank wrote every
+    variant; returns {variant: {rank: result}}."""
     out.mkdir(parents=True, exist_ok=True)
     rc, log = run_job(worker, nproc, "--out", str(out), *worker_args,
                       *(f"--variant={name}={shlex.join(args)}" for name, args in variants.items()), timeout=timeout)
+    assert rc == 0, log[-4000:]
     files = [json.loads(p.read_text()) for p in out.glob("rank*.json")]
-    return rc, log, {name: {r["rank"]: r["variants"][name] for r in files} for name in variants}
+    assert len(files) == nproc, log[-4000:]
+    return {name: {r["rank"]: r["variants"][name] for r in files} for name in variants}
 
 
 def run_job(script: Path, nproc: int, *args: str, timeout: int = HANG_S, **kwargs: Any) -> tuple[int, str]:

@@ -4,7 +4,7 @@ import torch
 
 pytest.importorskip("deepspeed")
 import pp_compress as ppc  # noqa: E402
-from tests.integration.launch import launch, launch_variants  # noqa: E402
+from tests.integration.launch import launch, run_variants  # noqa: E402
 
 HANDSHAKE, META = 4, 1024  # DeepSpeed's own p2p bytes: init handshake (stage 0) + one activation meta message
 
@@ -16,16 +16,8 @@ def run(tmp_path, nproc, *args):
     return res
 
 
-def variants(tmp_path, nproc, variants, *args):
-    """One job training each variant's engine in turn: {variant: {rank: result}}."""
-    rc, log, res = launch_variants(tmp_path, nproc, variants, *args)
-    assert rc == 0, log[-4000:]
-    assert all(len(r) == nproc for r in res.values()), log[-4000:]
-    return res
-
-
 def test_identity_is_bitwise_plain_deepspeed(tmp_path):
-    res = variants(tmp_path, 2, {"plain": [], "ident": ["--spec", "identity"]}, "--steps", "6")
+    res = run_variants(tmp_path, 2, {"plain": [], "ident": ["--spec", "identity"]}, "--steps", "6")
     plain, ident = res["plain"], res["ident"]
     assert plain[0]["losses"] == ident[0]["losses"] and plain[0]["eval"] == ident[0]["eval"]
     assert plain[0]["sent_bytes"] == ident[0]["sent_bytes"] and plain[1]["sent_bytes"] == ident[1]["sent_bytes"]
@@ -71,7 +63,7 @@ def test_checkpoint_resume_with_error_feedback_is_identical(tmp_path):
     engine from the checkpoint."""
     runs = {name: ["--spec", spec, "--ckpt", str(tmp_path / f"ckpt_{name}"), *extra]
             for name, (spec, extra) in CKPT_SPECS.items()}
-    for name, res in variants(tmp_path, 4, runs, "--stages", "2", "--steps", "8").items():
+    for name, res in run_variants(tmp_path, 4, runs, "--stages", "2", "--steps", "8").items():
         for r in res.values():
             assert r["continued"] == r["resumed"], (name, r)
             if name != "aqsgd":  # measured at step 0 (AQ-SGD sends first visits raw: no error there)
@@ -101,7 +93,7 @@ def test_bad_spec_fails_clearly_on_every_rank(tmp_path):
 def test_bool_masks_pass_untouched_and_identity_stays_bitwise(tmp_path):
     """has_attention_mask: stock DeepSpeed sends the mask as half; pp_compress sends its uint8 bytes, compresses the
     float tensor, and with identity trains bitwise like stock."""
-    res = variants(tmp_path, 2, {"plain": [], "ident": ["--spec", "identity"], "int8": ["--spec", "int8"]},
+    res = run_variants(tmp_path, 2, {"plain": [], "ident": ["--spec", "identity"], "int8": ["--spec", "int8"]},
                    "--steps", "4", "--mask")
     plain, ident, int8 = res["plain"], res["ident"], res["int8"]
     assert plain[0]["losses"] == ident[0]["losses"] and plain[0]["eval"] == ident[0]["eval"]
@@ -112,7 +104,7 @@ def test_bool_masks_pass_untouched_and_identity_stays_bitwise(tmp_path):
 def test_enable_hooks_deepspeed_initialize_from_the_json_section(tmp_path):
     """ppd.enable() + the script's own deepspeed.initialize(args=...): compressed with a "pp_compress" section,
     stock DeepSpeed (bitwise) without one."""
-    res = variants(tmp_path, 2, {"plain": [], "stock": ["--enable"], "hooked": ["--enable", "--spec", "act=int8,grad=int8"]},
+    res = run_variants(tmp_path, 2, {"plain": [], "stock": ["--enable"], "hooked": ["--enable", "--spec", "act=int8,grad=int8"]},
                    "--steps", "4")
     plain, stock, hooked = res["plain"], res["stock"], res["hooked"]
     assert stock[0]["engine"] == "PipelineEngine" and stock[0]["losses"] == plain[0]["losses"]

@@ -5,15 +5,7 @@ the sequential model; here stock DeepSpeed is the reference, on the same worker.
 import pytest
 
 pytest.importorskip("deepspeed")
-from tests.integration.launch import launch_variants  # noqa: E402
-
-
-def variants(tmp_path, nproc, variants, *args):
-    """One job training each variant's engine in turn: {variant: {rank: result}}."""
-    rc, log, res = launch_variants(tmp_path, nproc, variants, *args)
-    assert rc == 0, log[-4000:]
-    assert all(len(r) == nproc for r in res.values()), log[-4000:]
-    return res
+from tests.integration.launch import run_variants  # noqa: E402
 
 
 def _same(a: dict, b: dict, keys: tuple[str, ...]) -> None:
@@ -31,7 +23,7 @@ def test_identity_is_bitwise_stock_and_int8_stays_close(tmp_path, feature):
 
     if "--act-ckpt" in feature and release(deepspeed.__version__) < (0, 19, 0):
         pytest.skip("stock DeepSpeed before 0.19 cannot checkpoint activations on its CPU accelerator (no Stream there)")
-    res = variants(tmp_path, 2, {"stock": [], "ident": ["--spec", "identity"], "int8": ["--spec", "int8", "--hidden", "256"],
+    res = run_variants(tmp_path, 2, {"stock": [], "ident": ["--spec", "identity"], "int8": ["--spec", "int8", "--hidden", "256"],
                                  "stock256": ["--hidden", "256"]}, "--steps", "4", *feature)
     stock, ident, int8, stock256 = res["stock"], res["ident"], res["int8"], res["stock256"]
     _same(stock, ident, ("losses", "eval", "eval_logits_sum", "eval_nobcast", "sent_bytes"))
@@ -44,7 +36,7 @@ def test_identity_is_bitwise_stock_and_int8_stays_close(tmp_path, feature):
 
 def test_dualpipev_identity_is_bitwise_stock_and_int8_compresses(tmp_path):
     pytest.importorskip("deepspeed.runtime.pipe.dualpipev", reason="DualPipeV came with DeepSpeed 0.19.7")
-    res = variants(tmp_path, 2, {"stock": [], "ident": ["--enable", "--spec", "identity"],
+    res = run_variants(tmp_path, 2, {"stock": [], "ident": ["--enable", "--spec", "identity"],
                                  "int8": ["--enable", "--spec", "int8", "--hidden", "256"], "stock256": ["--hidden", "256"]},
                    "--steps", "4", "--dualpipev")
     stock, ident, int8, stock256 = res["stock"], res["ident"], res["int8"], res["stock256"]
@@ -68,7 +60,7 @@ def test_several_float_outputs_take_one_backward_pass(tmp_path, engine):
     dualpipev = ("--dualpipev", "--enable") if engine == "dualpipev" else ()
     if dualpipev:
         pytest.importorskip("deepspeed.runtime.pipe.dualpipev", reason="DualPipeV came with DeepSpeed 0.19.7")
-    res = variants(tmp_path, 2, {"stock": [], "ident": ["--spec", "identity", *dualpipev[1:]]}, "--steps", str(steps),
+    res = run_variants(tmp_path, 2, {"stock": [], "ident": ["--spec", "identity", *dualpipev[1:]]}, "--steps", str(steps),
                    "--pair", *dualpipev[:1])
     stock, ident = res["stock"], res["ident"]
     stock_per_mb, ident_per_mb = ({0: 3, 1: 4}, {0: 2, 1: 2}) if dualpipev else ({0: 2, 1: 1}, {0: 1, 1: 1})

@@ -1,6 +1,7 @@
 """pp_compress.megatron on Megatron-Core's own schedules, in real processes on CPU/gloo (the CUDA shim lives in
 megatron_worker.py): identity is bitwise the stock engine, compressed traffic shrinks and trains, variable lengths and
 a restarted session work."""
+import functools
 import importlib.util
 import subprocess
 import sys
@@ -8,20 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.launch import HANG_S, launch_variants
+from tests.integration.launch import HANG_S, run_variants
 
 # Megatron-Core imports triton, which must not be imported in the test process before the interpreter tests
 # (tests/unit/ops/interpreted.py): found, not imported, and everything that imports it runs in a process of its own
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
 
 WORKER = Path(__file__).with_name("megatron_worker.py")
-
-
-def run(out: Path, nproc: int, variants: dict[str, list[str]], *args: str) -> dict[str, dict[int, dict]]:
-    """One job training each variant in turn: {variant: {rank: result}}."""
-    rc, log, res = launch_variants(out, nproc, variants, *args, worker=WORKER)
-    assert rc == 0 and all(len(r) == nproc for r in res.values()), log[-4000:]
-    return res
+run = functools.partial(run_variants, worker=WORKER)
 
 
 def same(a: dict[int, dict], b: dict[int, dict]) -> None:

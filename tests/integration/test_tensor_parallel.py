@@ -5,7 +5,7 @@ import torch
 
 pytest.importorskip("deepspeed")
 import pp_compress as ppc  # noqa: E402
-from tests.integration.launch import launch, launch_variants  # noqa: E402
+from tests.integration.launch import launch, run_variants  # noqa: E402
 
 TP = ["--tp", "2", "--steps", "4"]
 SBH = (16, 4, 64)  # [seq, batch, hidden] of the tiny GPT in ds_worker.py
@@ -20,9 +20,8 @@ def run(tmp_path, *args):
 
 @pytest.mark.parametrize("mode", [[], ["--no-partition"]], ids=["partitioned", "full"])
 def test_identity_is_bitwise_stock_deepspeed_and_int8_shrinks_the_send(tmp_path, mode):
-    rc, log, res = launch_variants(tmp_path, 4, {"stock": [], "ident": ["--spec", "identity"],
-                                                 "int8": ["--spec", "act=int8,grad=int8,batch_dim=1"]}, *TP, *mode)
-    assert rc == 0 and all(len(r) == 4 for r in res.values()), log[-4000:]
+    res = run_variants(tmp_path, 4, {"stock": [], "ident": ["--spec", "identity"],
+                                     "int8": ["--spec", "act=int8,grad=int8,batch_dim=1"]}, *TP, *mode)
     stock, ident, int8 = res["stock"], res["ident"], res["int8"]
     for r in range(4):
         assert stock[r]["losses"] == ident[r]["losses"] and stock[r]["eval"] == ident[r]["eval"]

@@ -3,17 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.launch import launch_variants
+from tests.integration.launch import run_variants
 
 WORKER = Path(__file__).with_name("torch_pipe_worker.py")
 SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble"]
-
-
-def run(out: Path, variants: dict[str, list[str]], *args: str) -> dict[str, dict[int, dict]]:
-    """One job of 2 ranks training each variant's stages in turn: {variant: {rank: result}}."""
-    rc, log, res = launch_variants(out, 2, variants, *args, worker=WORKER)
-    assert rc == 0 and all(len(r) == 2 for r in res.values()), log[-4000:]
-    return res
 
 
 def losses(res: dict[int, dict]) -> list[float]:
@@ -22,7 +15,7 @@ def losses(res: dict[int, dict]) -> list[float]:
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_identity_is_bitwise_the_stock_stage(tmp_path, schedule):
-    res = run(tmp_path, {"stock": [], "ident": ["--spec", "identity"]}, "--schedule", schedule)
+    res = run_variants(tmp_path, 2, {"stock": [], "ident": ["--spec", "identity"]}, "--schedule", schedule, worker=WORKER)
     stock, ident = res["stock"], res["ident"]
     assert {r["engine"] for r in ident.values()} == {"CompressedPipelineStage"}
     assert losses(stock) == losses(ident) and len(losses(stock)) == 4
@@ -32,7 +25,8 @@ def test_identity_is_bitwise_the_stock_stage(tmp_path, schedule):
 @pytest.mark.parametrize("schedule,spec,ratio", [("GPipe", "int8", 3.8), ("1F1B", "act=nf6,grad=int3:stoch", 6.8),
                                                  ("Interleaved1F1B", "int8", 3.8), ("ZBVZeroBubble", "act=nf6,grad=int3:stoch", 6.8)])
 def test_compressed_bytes_shrink_by_the_stated_ratio_and_training_follows(tmp_path, schedule, spec, ratio):
-    res = run(tmp_path, {"stock": [], "comp": ["--spec", spec]}, "--schedule", schedule, "--hidden", "256", "--steps", "6")
+    res = run_variants(tmp_path, 2, {"stock": [], "comp": ["--spec", spec]}, "--schedule", schedule, "--hidden", "256",
+                       "--steps", "6", worker=WORKER)
     stock, comp = res["stock"], res["comp"]
     total = sum(r["sent_bytes"] for r in stock.values()) / sum(r["sent_bytes"] for r in comp.values())
     rows = {k: v for r in comp.values() for k, v in r["stats"].items() if v["calls"]}  # the senders' rows

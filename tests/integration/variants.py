@@ -1,7 +1,7 @@
 """`--variant NAME=ARGS` for the test workers (ds_worker.py, torch_pipe_worker.py): one job trains one engine per
 variant, one after the other in the same processes, with ARGS added to the job's own command line. A test that compares
 a stock engine with compressed ones then pays for one job's start-up (interpreters, imports, the process group), not
-one per engine. `launch.launch_variants` starts such a job."""
+one per engine. `launch.run_variants` starts such a job."""
 from __future__ import annotations
 
 import argparse
