@@ -13,6 +13,8 @@ step is bound by its host, and a boundary's host µs add to the step one for one
 the rounds, resampled in pairs (a round's step of the spec with the same round's uncompressed step), so that it
 says how far this run's noise leaves the figure open (scipy.stats.bootstrap, percentile). With `--sync-check`, one more step
 per spec runs under `torch.cuda.set_sync_debug_mode("error")`, which raises at any host-device synchronization.
+With the device kernels' settings (`--sign-table-rows`, `--butterfly`, pp_lab.bench.kernel_settings), every
+compressing spec also takes a turn under each value given, as one more row.
 Results: results/bench/<card>/train_step_<dtype>.md.
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 
 import pp_compress as ppc
 from pp_compress.timing import elapsed
+from pp_lab.bench import kernel_settings
 from pp_lab.model import GPT, GPTConfig, lm_loss
 from pp_lab.paths import BENCH
 
@@ -55,6 +58,14 @@ def stepper(model: GPT, boundaries: list, opt: torch.optim.Optimizer, ids: torch
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step
+
+
+def under(setting: kernel_settings.Setting, step: Callable[[], None]) -> Callable[[], None]:
+    """step, run with the device kernels' `setting` (the library's defaults around it)."""
+    def run() -> None:
+        with kernel_settings.applied(setting):
+            step()
+    return run
 
 
 def host_timed(step: Callable[[], None], host: list[float]) -> Callable[[], None]:
@@ -127,6 +138,7 @@ def main() -> None:
     ap.add_argument("--profile", action="append", default=[], metavar="SPEC",
                     help="also profile 2 steps of SPEC: the operators with the most device and host time")
     ap.add_argument("--out", type=Path, default=None)
+    kernel_settings.add_arguments(ap)  # each compressing spec once per value, side by side
     args = ap.parse_args()
     specs = args.spec or ["none", "identity", "int8", "safe", "aggressive"]
     if "none" not in specs:
@@ -136,11 +148,12 @@ def main() -> None:
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(0)).to(device)
     runs = {}
     for spec in specs:
-        model, boundaries, opt = build(spec, cfg, device, dtype)
-        step = stepper(model, boundaries, opt, ids)
-        for _ in range(args.warmup):
-            step()
-        runs[spec] = (step, boundaries, [], [])
+        for setting in [()] if spec in ("none", "identity") else kernel_settings.settings(args):
+            model, boundaries, opt = build(spec, cfg, device, dtype)
+            step = under(setting, stepper(model, boundaries, opt, ids))
+            for _ in range(args.warmup):
+                step()
+            runs[spec + kernel_settings.label(setting)] = (step, boundaries, [], [])
     for r in range(args.rounds):
         for spec, (step, _, times, host) in runs.items():
             times.append(elapsed(host_timed(step, host), device))

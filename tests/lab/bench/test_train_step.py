@@ -29,3 +29,26 @@ def test_none_is_required(monkeypatch):
     monkeypatch.setattr("sys.argv", ["train_step.py", "--device", "cpu", "--spec", "int8"])
     with pytest.raises(SystemExit, match="--spec none is the reference"):
         train_step.main()
+
+
+def test_each_kernel_setting_is_a_row_of_its_own_and_holds_during_its_steps(tmp_path, monkeypatch):
+    from pp_compress.ops import triton_int
+
+    seen = []
+    stepper = train_step.stepper
+
+    def watched(*args):
+        step = stepper(*args)
+        return lambda: (seen.append(triton_int.SIGN_TABLE_ROWS), step())
+
+    monkeypatch.setattr(train_step, "stepper", watched)
+    out = tmp_path / "ts.md"
+    monkeypatch.setattr("sys.argv", ["train_step.py", "--device", "cpu", "--dtype", "fp32", "--batch", "1", "--seq",
+                                     "16", "--rounds", "1", "--warmup", "0", "--layers", "24", "--spec", "none",
+                                     "--spec", "int8", "--sign-table-rows", "off", "--sign-table-rows", "0",
+                                     "--out", str(out)])
+    train_step.main()
+    table = out.read_text()
+    assert "| `int8 [signs hashed]` |" in table and "| `int8 [sign table from 0 rows]` |" in table
+    assert "| `none` |" in table and "| `none [" not in table  # the reference runs once, under the defaults
+    assert seen == [triton_int.SIGN_TABLE_ROWS, None, 0]  # one round: none, then each setting's own step
