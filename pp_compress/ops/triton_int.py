@@ -107,14 +107,14 @@ def rows_per_program(rows: int, rot: int) -> int:
     return ROWS_PER_PROGRAM if rot and rows >= SHARED_SIGNS_ROWS else 1
 
 
-SIGN_TABLE_ROWS: int | None = None
+SIGN_TABLE_ROWS: int | None = 8192
 """Rotated tensors with at least this many rows have their rotation's signs computed once per message, as a table
 of the block's positions that one small kernel writes (`sign_table`) and every program of the int, vq and `tile`
 kernels reads, instead of each program hashing every position of its row: the hash (three 64-bit multiplies per
 value) is a large share of a rotated kernel's instructions, and a decoder computes it twice, in the register layouts
 of its load and of its store (results/bench/ptxas/README.md). The table costs one more launch per message, which
-small messages feel most. None: every program hashes (the default until a GPU measures the table faster:
-`benchmarks/ops.py` and `codec_profile.py` take `--sign-table-rows` to time both side by side)."""
+small messages feel most: up to 2048 rows the launch costs more than the hash saves, from 8192 rows the kernels
+are shorter with the table (results/bench/h200/2026-12-04/README.md). None: every program hashes."""
 SIGN_BLOCK = 1024
 """Positions per program of `sign_table`."""
 BUTTERFLY: Literal["split", "sum"] = "split"
@@ -122,9 +122,8 @@ BUTTERFLY: Literal["split", "sum"] = "split"
 the same bits (`_triton_int_kernels.butterfly`), laid out differently by Triton. "split": the pair's axis moved last and
 split, whose layout conversions go through shared memory, with a barrier each; "sum": sums over the pair's axis where
 it lies, which take warp shuffles instead: far fewer barriers in most kernels, and fewer registers in vq's `prepare`,
-but more instructions or shared-memory traffic in some (results/bench/ptxas/README.md). "split" until a GPU times "sum"
-faster: `benchmarks/ops.py` and `codec_profile.py` take `--butterfly` to time both side by side, encode and decode
-apart."""
+but more instructions or shared-memory traffic in some (results/bench/ptxas/README.md). "split": with "sum", an H200
+ran `int4:rot`'s decoder and vq's about 2x and 10x slower (results/bench/h200/2026-12-04/README.md)."""
 
 
 def sign_table(rows: int, length: int, rot_key: int, like: Tensor) -> Tensor | None:

@@ -67,8 +67,8 @@ def test_a_deferred_message_never_waits_for_the_device(spec, dtype, monkeypatch)
     """With the non-finite checks deferred (what every engine does on a GPU), compress + decompress of a preset makes
     no synchronizing CUDA call after warm-up: torch's sync debug mode turns any into an error. Also `tile`, `topk`'s
     bitmap and `int1`, whose paths were made free of host reads without a GPU to check them on, and the presets with
-    the rotation's signs from a table and its butterfly as sums (`:table+sums`: the kernel settings not yet the
-    default, triton_int.SIGN_TABLE_ROWS = 0 and BUTTERFLY = "sum")."""
+    the rotation's signs from a table at every size and its butterfly as sums (`:table+sums`: the kernel settings
+    triton_int.SIGN_TABLE_ROWS = 0 and BUTTERFLY = "sum"; by default, messages this small hash their signs)."""
     from pp_compress.ops import triton_int
     from pp_compress.ops.deferred import Deferred
 

@@ -122,7 +122,9 @@ def test_the_sign_table_holds_the_references_signs_and_is_made_only_where_asked(
     from pp_compress.ops import hadamard
 
     like = torch.empty(0)
-    assert triton_int.sign_table(10**6, 2048, 7, like) is None  # off by default: every program hashes
+    assert triton_int.sign_table(triton_int.SIGN_TABLE_ROWS - 1, 2048, 7, like) is None  # fewer rows: programs hash
+    monkeypatch.setattr(triton_int, "SIGN_TABLE_ROWS", None)
+    assert triton_int.sign_table(10**6, 2048, 7, like) is None  # off: every program hashes
     monkeypatch.setattr(triton_int, "SIGN_TABLE_ROWS", 4096)
     assert triton_int.sign_table(4095, 2048, 7, like) is None
     for n in (2048, 1500, 8):  # whole and part programs of the table's kernel
