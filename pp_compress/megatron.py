@@ -6,6 +6,7 @@
     losses = forward_backward(...)           # as before: 1F1B, interleaved (virtual pipeline), forward-only
     ppm.stats()                              # per link and direction: raw / wire bytes, ratio, relative error
     ppm.save(checkpoint_dir) / ppm.load(checkpoint_dir)   # the compression state, beside Megatron's checkpoint
+    ppm.state_dict() / ppm.load_state_dict(state)         # or inside a checkpoint of your own
 
 Where it hooks: every public method of Megatron's `P2PCommunicator` (`send_forward`, `send_forward_recv_backward`,
 ...) goes through `_communicate(*, tensor_send_next, tensor_send_prev, recv_prev, recv_next, tensor_shape,
@@ -249,8 +250,11 @@ def _stage() -> StageCompression:
 
 
 def stats() -> dict[str, dict[str, Any]]:
-    """This rank's counters per link and direction ("b0.act", "b0.grad", "b0.act_eval")."""
-    return {k: v.as_dict() for k, v in _stage().stats.items() if v.calls or v.decompress_s}
+    """This rank's counters per link and direction ("b0.act", "b0.grad", "b0.act_eval"); none before the first
+    schedule call."""
+    if _SESSION is None or _SESSION.stage is None:
+        return {}
+    return {k: v.as_dict() for k, v in _SESSION.stage.stats.items() if v.calls or v.decompress_s}
 
 
 def report() -> str:
@@ -283,6 +287,16 @@ class _State:
         else:
             _SESSION.stage.load_state_dict(rest)
         _SESSION.step = int(state["step"])
+
+
+def state_dict() -> dict[str, Any]:
+    """This rank's compression state and step, for a checkpoint a loop writes itself (`save` writes a file of its own)."""
+    return _State().state_dict()
+
+
+def load_state_dict(state: dict[str, Any]) -> None:
+    """Restore what `state_dict` returned, after `enable()` (before or after the first schedule call)."""
+    _State().load_state_dict(state)
 
 
 def save(checkpoint_dir: str) -> None:

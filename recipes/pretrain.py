@@ -3,6 +3,8 @@
     deepspeed --num_gpus 2 recipes/pretrain.py --pp-compress safe --out runs/pretrain
     deepspeed --num_gpus 2 recipes/pretrain.py --pp-compress topk:0.1 --out runs/topk   # the paper's; measured worse
     torchrun --nproc_per_node 4 recipes/pretrain.py --stages 4 --pp-compress "act=int8,grad=topk:0.3+ef" --out runs/p4
+    torchrun --nproc_per_node 4 recipes/pretrain.py --engine megatron --stages 2 --tp 2 --untied --pp-compress safe \
+        --out runs/mcore                                  # Megatron-Core's GPTModel and schedule
 
 On a CPU machine `--num_gpus N` starts N processes (gloo). Text: a public-domain corpus fetched once
 from a package registry (recipes/data.py); GPT-2 tokenizer from a package. See lab/pp_lab/train.py for
@@ -15,7 +17,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from pp_lab import data, torch_engine, train
+from pp_lab import data, megatron_engine, torch_engine, train
 from pp_lab.model import PRESETS, GPTConfig
 from pp_lab.pipeline import pipeline_module
 
@@ -30,14 +32,18 @@ def main() -> None:
     ap.add_argument("--subspace", default=None, metavar="K|auto",
                     help="subspace pipeline (Protocol Models): residual writes in a fixed k-dim subspace, so stages "
                          "exchange k coordinates + token ids instead of d values; auto = d_model / 16")
-    ap.add_argument("--engine", default="deepspeed", choices=["deepspeed", "torch"],
+    ap.add_argument("--engine", default="deepspeed", choices=["deepspeed", "torch", "megatron"],
                     help="deepspeed: DeepSpeed's PipelineEngine; torch: torch.distributed.pipelining (1F1B, "
-                         "lab/pp_lab/torch_engine.py), one stage per process, --untied")
+                         "lab/pp_lab/torch_engine.py), one stage per process, --untied; megatron: Megatron-Core's "
+                         "GPTModel and 1F1B schedule (lab/pp_lab/megatron_engine.py), --stages x --tp processes, "
+                         "--untied")
     train.add_args(ap, steps=300, lr=1e-3)
     args = ap.parse_args()
     train.check_args(args)
     if args.engine == "torch":
         torch_engine.check(args)
+    if args.engine == "megatron":
+        megatron_engine.check(args)
     train.init_distributed()
 
     def prepare() -> tuple:
@@ -60,7 +66,9 @@ def main() -> None:
         tok.save_pretrained(args.out / "tokenizer")
     torch.manual_seed(args.seed)  # weights depend on --seed only (not on what ran before, e.g. a cold cache)
     meta = {**cfg.to_dict(), "tokenizer": "tokenizer"}  # the folder inside the run directory
-    if args.engine == "torch":
+    if args.engine == "megatron":
+        megatron_engine.train(args, cfg, meta, train_ds, val_ds, data.batches, data.eval_batches)
+    elif args.engine == "torch":
         torch_engine.train(args, cfg, meta, train_ds, val_ds, data.batches, data.eval_batches, bases)
     else:
         module = pipeline_module(cfg, args.stages, tp=args.tp, bases=bases, dualpipev=args.dualpipev)

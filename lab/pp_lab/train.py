@@ -456,13 +456,14 @@ def rss_mb() -> float:
     return round(float(t), 1)
 
 
-def wire_totals(engine: Any) -> dict[str, float]:
-    """Sum of every stage's sent bytes (both directions) and error terms, over all ranks of replica 0."""
+def wire_totals(stats: dict[str, dict[str, Any]], counted: bool = True) -> dict[str, float]:
+    """Sum over every rank of its sent bytes (both directions) and error terms, from each rank's compression `stats`
+    (`counted`: whether this rank's count; DeepSpeed counts replica 0's)."""
     import torch.distributed as dist
 
     rows = {d: [0.0, 0.0, 0.0, 0.0] for d in ("act", "grad")}  # raw, wire, err_sq, ref_sq
-    if engine.grid.data_parallel_id == 0:
-        for key, s in engine.pp_compress_stats().items():
+    if counted:
+        for key, s in stats.items():
             d = key.split(".")[1]
             if d in rows:
                 rows[d] = [a + b for a, b in zip(rows[d], (s["raw_bytes"], s["wire_bytes"], s["err_sq"], s["ref_sq"]))]
@@ -473,6 +474,18 @@ def wire_totals(engine: Any) -> dict[str, float]:
         raw, wire, err, ref = t[4 * i: 4 * i + 4].tolist()
         out.update({f"{d}_raw_bytes": raw, f"{d}_wire_bytes": wire, f"{d}_err_sq": err, f"{d}_ref_sq": ref})
     return out
+
+
+def wire_rows(totals: dict[str, float], last: dict[str, float], n: int) -> dict[str, Any]:
+    """A metrics row's per-step bytes, ratios and relative errors over the `n` steps between `last` and `totals`
+    (`wire_totals`)."""
+    row: dict[str, Any] = {}
+    for d in ("act", "grad"):
+        raw, wire = (totals[f"{d}_{k}_bytes"] - last[f"{d}_{k}_bytes"] for k in ("raw", "wire"))
+        err, ref = (totals[f"{d}_{k}"] - last[f"{d}_{k}"] for k in ("err_sq", "ref_sq"))
+        row.update({f"{d}_raw_bytes": raw / n, f"{d}_wire_bytes": wire / n, f"{d}_ratio": raw / wire if wire else 1.0,
+                    f"{d}_rel_error": (err / ref) ** 0.5 if ref else None})  # None: not measured (error_every)
+    return row
 
 
 def evaluate(engine: Any, make_iter: Any, batches: int) -> float:
@@ -550,24 +563,20 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
         val_loss = evaluate(engine, lambda: eval_batches_fn(val_ds, args.micro_batch), args.eval_batches)
         log.write({"kind": "eval", "step": 0, "tokens": 0, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50))})
     bar = tqdm(total=args.steps, initial=start, disable=not main, dynamic_ncols=True, unit="step")
-    last = {"t": time.perf_counter(), "step": start, **wire_totals(engine)}
+    last = {"t": time.perf_counter(), "step": start, **wire_totals(engine.pp_compress_stats(), dp_id == 0)}
     losses: list[float] = []
     val_loss = math.nan
     for step in range(start + 1, args.steps + 1):
         losses.append(float(engine.train_batch(train_iter)))
         bar.update(1)
         if step % args.log_every == 0 or step == args.steps:
-            now, totals = time.perf_counter(), wire_totals(engine)
+            now, totals = time.perf_counter(), wire_totals(engine.pp_compress_stats(), dp_id == 0)
             n = step - last["step"]
             row: dict[str, Any] = {"kind": "train", "step": step, "tokens": step * tokens_per_step,
                                    "loss": sum(losses) / len(losses), "lr": engine.get_lr()[0],
                                    "step_s": (now - last["t"]) / n, "tokens_per_s": n * tokens_per_step / (now - last["t"]),
                                    "rss_mb": rss_mb()}
-            for d in ("act", "grad"):
-                raw, wire = (totals[f"{d}_{k}_bytes"] - last[f"{d}_{k}_bytes"] for k in ("raw", "wire"))
-                err, ref = (totals[f"{d}_{k}"] - last[f"{d}_{k}"] for k in ("err_sq", "ref_sq"))
-                row.update({f"{d}_raw_bytes": raw / n, f"{d}_wire_bytes": wire / n, f"{d}_ratio": raw / wire if wire else 1.0,
-                            f"{d}_rel_error": (err / ref) ** 0.5 if ref else None})  # None: not measured (error_every)
+            row.update(wire_rows(totals, last, n))
             log.write(row)
             bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}",
                             wire=f"{row['act_ratio']:.1f}x/{row['grad_ratio']:.1f}x")

@@ -31,7 +31,7 @@ from typing import Any
 
 from pp_lab.paths import RESULTS, ROOT
 import pp_compress as ppc
-from pp_lab.eval.study import EXTRA, LONG, SEEDS, SMOLLM2
+from pp_lab.eval.study import EXTRA, LONG, MEGATRON, SEEDS, SMOLLM2
 
 MIN_TOLERANCE = 0.02  # nats: below this, differences are too small to matter for any user
 
@@ -182,7 +182,9 @@ TESTBEDS = {"long": Testbed("small GPT", LONG, "base", "base-seed1", "long",
             # step times of SmolLM2 itself over the links (untied, like the small GPT's: the links carry pipeline
             # traffic only; its tied embedding's all-reduce is 4x that traffic, which no pipeline compression touches)
             "smollm2": Testbed("SmolLM2-135M", SMOLLM2, "sm-base", "sm-base-seed1", "smollm2", ("parity_*.json",), "none",
-                               e2e=("e2e_smollm2", "e2e_smollm2_bottleneck"))}
+                               e2e=("e2e_smollm2", "e2e_smollm2_bottleneck")),
+            # the small GPT as Megatron-Core's GPTModel (issue 70): the loss rule only
+            "megatron": Testbed("small GPT on Megatron-Core", MEGATRON, "mc-base", "mc-base-seed1", "megatron", ())}
 
 
 def optimizer_of(options: list[str]) -> str:

@@ -5,6 +5,7 @@
     python eval/study.py                      # the short 120-step protocol (history), resumable: finished runs are skipped
     python eval/study.py --only base,topk0.1  # some of them
     python eval/study.py --finetune           # the finetuning settings (SmolLM2-135M; `make models` first)
+    python eval/study.py --protocol megatron  # the small GPT on Megatron-Core (issue 70)
     python eval/report.py                     # -> results/eval/RESULTS.md + plots from the runs
 
 Every run is recipes/pretrain.py with the same model, data, seed and steps (4 pipeline stages on CPU
@@ -323,6 +324,12 @@ AUTO_SMOLLM2: dict[str, tuple[str, str]] = {  # ~4x the small GPT's step time: t
     "sm-auto-mixed": ("auto:max=aggressive:model=SmolLM2-135M",
                       "0=none,1=5mbit@20ms~1500s=none~3000s=5mbit@20ms,2=25mbit@10ms")}
 AUTO_RUNS = {**AUTO_LONG, **AUTO_SMOLLM2}
+# Megatron-Core (issue 70): the small GPT's sizes as Megatron-Core's own GPTModel under its own 1F1B schedule
+# (recipes/pretrain.py --engine megatron), 2 pipeline stages (one process per core here), the recipe's 300 steps
+MEGATRON: dict[str, str] = {"mc-base": "none", "mc-base-seed1": "none", "mc-safe": "safe", "mc-aggressive": "aggressive"}
+MC_COMMON = ["--engine", "megatron", "--untied", "--stages", "2", "--model", "small", "--steps", "300", "--eval-every",
+             "50", "--eval-batches", "8", "--save-every", "50", "--keep-checkpoints", "1"]
+SEEDS["mc-base-seed1"] = 1
 _SM_ORDER = list(SMOLLM2)
 _SM_ORDER.insert(_SM_ORDER.index("sm-bn288-lr10-vq4") + 1, "sm-auto-mixed")  # after the bottleneck row running when it came
 # protocol -> (names in run order, where the runs go)
@@ -330,7 +337,8 @@ PROTOCOLS = {"short": (list(SETTINGS), ROOT / "runs" / "study"),
              "long": ([*LONG_ORDER, *AUTO_LONG], ROOT / "runs" / "study_long"),
              # the long protocol's from-scratch bottleneck rows alone, where the long study's runs go
              "long-bottleneck": (BOTTLENECK_LONG_ORDER, ROOT / "runs" / "study_long"),
-             "smollm2": (_SM_ORDER, ROOT / "runs" / "study_smollm2")}
+             "smollm2": (_SM_ORDER, ROOT / "runs" / "study_smollm2"),
+             "megatron": (list(MEGATRON), ROOT / "runs" / "study_megatron")}
 
 
 def job(name: str, protocol: str) -> tuple[str, int, list[str], str]:
@@ -339,6 +347,10 @@ def job(name: str, protocol: str) -> tuple[str, int, list[str], str]:
         return "pretrain.py", 4, [*LONG_COMMON, "--seed", "0"], AUTO_LONG[name][0]
     if protocol == "smollm2" and name in AUTO_SMOLLM2:
         return "finetune.py", 4, [*SM_COMMON, "--seed", "0"], AUTO_SMOLLM2[name][0]
+    if protocol == "megatron":
+        if name not in MEGATRON:
+            raise SystemExit(f"unknown setting {name!r} in the megatron protocol; accepted: {', '.join(MEGATRON)}")
+        return "pretrain.py", 2, [*MC_COMMON, "--seed", str(SEEDS.get(name, 0))], MEGATRON[name]
     if name in FINETUNE:
         return "finetune.py", 2, [*FT_COMMON, "--seed", str(SEEDS.get(name, 0))], FINETUNE[name]
     if protocol == "long" and name in FT_EPOCHS:
@@ -359,7 +371,8 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated setting names")
     ap.add_argument("--protocol", choices=list(PROTOCOLS), default="short",
                     help="short: 120 steps (the first study, kept as history); long: 1,000 steps (the headline); "
-                         "long-bottleneck: its bottleneck rows alone; smollm2: continued pretraining of SmolLM2-135M")
+                         "long-bottleneck: its bottleneck rows alone; smollm2: continued pretraining of SmolLM2-135M; "
+                         "megatron: the small GPT as Megatron-Core's GPTModel (pip install -e '.[megatron]')")
     ap.add_argument("--runs", type=Path, default=None, help="where the runs go (default runs/study, runs/study_long)")
     ap.add_argument("--finetune", action="store_true", help=f"the short finetuning settings {list(FINETUNE)} instead")
     ap.add_argument("--retrain", action="store_true",
@@ -397,6 +410,8 @@ def main() -> None:
             if rc != 0:
                 print(log[-3000:], flush=True)
                 continue
+        if args.protocol == "megatron":  # its logs are committed as each lands
+            keep_logs(out, RESULTS / "megatron" / name)
         if args.protocol == "smollm2":  # served uncompressed too (training's cost alone); logs go where they are committed
             infer_plain(name, out, 4, "--data", "austen", "--micro-batch", "4", "--ppl-batches", "16")
             if landed(name):  # retrained: the same command is not bitwise repeatable across machines, so say how close
