@@ -8,6 +8,9 @@
     ppm.save(checkpoint_dir) / ppm.load(checkpoint_dir)   # the compression state, beside Megatron's checkpoint
     ppm.state_dict() / ppm.load_state_dict(state)         # or inside a checkpoint of your own
 
+Megatron-LM (`pretrain_gpt.py`): `pretrain(..., extra_args_provider=ppm.add_arguments)` adds `--pp-compress SPEC` and
+`--pp-compress-config FILE` to its command line and compresses with them.
+
 Where it hooks: every public method of Megatron's `P2PCommunicator` (`send_forward`, `send_forward_recv_backward`,
 ...) goes through `_communicate(*, tensor_send_next, tensor_send_prev, recv_prev, recv_next, tensor_shape,
 wait_on_reqs)`: `tensor_send_next` carries activations to the next pipeline rank, `tensor_send_prev`
@@ -32,6 +35,7 @@ ids), `auto`, `use_ring_exchange_p2p`. Megatron sends [seq, batch, hidden]: per-
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 from typing import Any, Callable
@@ -46,7 +50,7 @@ from .config import CompressionConfig
 from .ops.base import TensorSpec
 from .pipe import StageCompression
 from .policy import Where
-from .runtime import check_same_config, load_state, resolve_config, save_state
+from .runtime import check_args, check_same_config, load_state, resolve_config, save_state, spec_arg
 from .selfcheck import self_check
 from .stats import format_table
 from .versions import EngineRange
@@ -61,7 +65,8 @@ SCHEDULES = ("forward_backward_pipelining_without_interleaving", "forward_backwa
 class _Session:
     """What outlives each step's communicator: the compression (state, statistics) of this rank's links."""
 
-    cfg: CompressionConfig
+    cfg: CompressionConfig | None
+    """None: Megatron-LM's command line says (`add_arguments`), read at the first schedule call."""
     stage: StageCompression | None = None
     step: int = -1
     training: bool = True
@@ -82,6 +87,7 @@ class CompressedP2PCommunicator(p2p_communication.P2PCommunicator):
         if _SESSION is None:
             raise RuntimeError("pp_compress.megatron: call pp_compress.megatron.enable(spec) before the first schedule")
         self.session = _SESSION
+        _configured(self.session)
         self.pp, self.rank = pp_group.size(), pp_group.rank()
         if self.session.stage is None:
             self.session.stage = self._start()
@@ -91,7 +97,7 @@ class CompressedP2PCommunicator(p2p_communication.P2PCommunicator):
     def _start(self) -> StageCompression:
         """The first schedule call: refuse what cannot be served, agree on the config, check the transport."""
         TESTED.check(package_info.__version__)
-        cfg = self.session.cfg
+        cfg = _configured(self.session)
         specs = [cfg.activations, cfg.gradients, *(o for b in cfg.boundaries.values()
                                                    for o in (b.activations, b.gradients) if o)]
         refused = ([f"{s}: +aqsgd needs sample ids, which Megatron's tensors do not carry" for s in specs
@@ -222,11 +228,52 @@ def _schedule(fn: Callable[..., Any]) -> Callable[..., Any]:
 def enable(compression: CompressionConfig | str | dict | None = "safe") -> None:
     """Compress every Megatron-Core pipeline schedule's traffic with `compression` (a spec string, a dict like the
     "pp_compress" JSON section, or a CompressionConfig). A bad spec fails here, with one message."""
-    global _SESSION
     _, cfg = resolve_config(None, compression)
-    if cfg.batch_dim == 0:
-        cfg = dataclasses.replace(cfg, batch_dim=1)  # Megatron's [seq, batch, hidden]
-    _SESSION = _Session(cfg)
+    _install(_Session(_for_megatron(cfg)))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Megatron-LM's `extra_args_provider` (`pretrain(..., extra_args_provider=ppm.add_arguments)`): adds
+    `--pp-compress SPEC` and `--pp-compress-config FILE` (JSON or YAML: its "pp_compress" section), each checked as
+    the command line is parsed, and compresses every schedule with what they say (read from Megatron-LM's parsed
+    arguments, `megatron.training.get_args()`, at the first schedule call). Returns the parser."""
+    group = parser.add_argument_group(title="pp_compress")
+    group.add_argument("--pp-compress", dest="pp_compress", default=None, metavar="SPEC", type=spec_arg,
+                       help="compress the pipeline's activations and gradients, e.g. safe, int8 or "
+                            "'act=int8,grad=int3:stoch'; wins over --pp-compress-config")
+    group.add_argument("--pp-compress-config", dest="pp_compress_config", default=None, metavar="FILE",
+                       type=_config_arg, help="a JSON or YAML file whose \"pp_compress\" section is the compression")
+    _install(_Session(None))
+    return parser
+
+
+def from_args(args: argparse.Namespace) -> CompressionConfig:
+    """The compression a parsed command line asks for: --pp-compress over --pp-compress-config's section, else over
+    --deepspeed_config's (Megatron-DeepSpeed). A bad file stops the job with one message."""
+    return check_args(args, getattr(args, "pp_compress_config", None))
+
+
+def _config_arg(path: str) -> str:
+    check_args(argparse.Namespace(pp_compress=None), path)  # a bad file stops the job here, with one message
+    return path
+
+
+def _for_megatron(cfg: CompressionConfig) -> CompressionConfig:
+    return dataclasses.replace(cfg, batch_dim=1) if cfg.batch_dim == 0 else cfg  # Megatron's [seq, batch, hidden]
+
+
+def _configured(session: _Session) -> CompressionConfig:
+    """The session's config; after `add_arguments`, read from Megatron-LM's arguments the first time."""
+    if session.cfg is None:
+        from megatron.training import get_args
+
+        session.cfg = _for_megatron(from_args(get_args()))
+    return session.cfg
+
+
+def _install(session: _Session) -> None:
+    global _SESSION
+    _SESSION = session
     schedules.P2PCommunicator = CompressedP2PCommunicator
     for name in SCHEDULES:
         fn = getattr(schedules, name)
@@ -279,9 +326,10 @@ class _State:
         if _SESSION is None:
             raise RuntimeError("pp_compress.megatron: call enable(spec) before load()")
         rest = {k: v for k, v in state.items() if k != "step"}
-        if rest["config"] != str(_SESSION.cfg):
+        cfg = _configured(_SESSION)
+        if rest["config"] != str(cfg):
             raise ValueError(f"this state was saved with config {rest['config']!r}; this run's pp_compress config is "
-                             f"{str(_SESSION.cfg)!r}")
+                             f"{str(cfg)!r}")
         if _SESSION.stage is None:
             _SESSION.loaded = rest
         else:

@@ -22,11 +22,24 @@ SECTION = "pp_compress"
 
 
 def load_json(config: dict | str | None) -> dict:
-    """An engine config as a dict (a JSON path is read), a copy."""
-    if isinstance(config, str):
-        with open(config) as f:
-            return json.load(f)
-    return dict(config or {})
+    """An engine config as a dict (a JSON path is read, a .yaml or .yml path as YAML), a copy."""
+    if not isinstance(config, str):
+        return dict(config or {})
+    with open(config) as f:
+        if not config.endswith((".yaml", ".yml")):
+            data = json.load(f)
+        else:
+            try:
+                import yaml
+            except ImportError as e:
+                raise ValueError(f"{config}: reading YAML needs PyYAML (pip install pyyaml)") from e
+            try:
+                data = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                raise ValueError(f"{config}: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{config}: expected a mapping at the top, got {type(data).__name__}")
+    return data
 
 
 def resolve_config(config: dict | str | None,
@@ -92,7 +105,7 @@ def check_args(args: argparse.Namespace, config: dict | str | None = None) -> Co
     try:
         return resolve_config(config, getattr(args, "pp_compress", None))[1]
     except (OSError, json.JSONDecodeError, ValueError, TypeError) as e:
-        where = f" (DeepSpeed config {config})" if isinstance(config, str) else ""
+        where = f" (config {config})" if isinstance(config, str) else ""
         exit_once(f"pp_compress{where}: {e}")
 
 

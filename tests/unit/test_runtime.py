@@ -54,3 +54,20 @@ def test_a_missing_config_file_is_one_message(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         check_args(_parser().parse_args(["--deepspeed_config", str(tmp_path / "nope.json")]))
     assert "nope.json" in capsys.readouterr().err
+
+
+def test_a_yaml_config_reads_as_its_json_twin_and_bad_ones_say_which_file(tmp_path):
+    from pp_compress.runtime import load_json, resolve_config
+
+    (tmp_path / "c.yaml").write_text("train_batch_size: 8\npp_compress:\n  activations: int8:rot\n  gradients: int8\n")
+    (tmp_path / "c.json").write_text('{"train_batch_size": 8, "pp_compress": {"activations": "int8:rot", '
+                                     '"gradients": "int8"}}')
+    assert load_json(str(tmp_path / "c.yaml")) == load_json(str(tmp_path / "c.json"))
+    rest, cfg = resolve_config(str(tmp_path / "c.yaml"), None)
+    assert rest == {"train_batch_size": 8} and str(cfg) == "act=int8:rot,grad=int8"
+    (tmp_path / "list.yml").write_text("- 1\n- 2\n")
+    with pytest.raises(ValueError, match=r"list.yml: expected a mapping at the top, got list"):
+        load_json(str(tmp_path / "list.yml"))
+    (tmp_path / "broken.yaml").write_text("pp_compress: [unclosed\n")
+    with pytest.raises(ValueError, match=r"broken.yaml: "):
+        load_json(str(tmp_path / "broken.yaml"))
