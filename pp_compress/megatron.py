@@ -29,15 +29,17 @@ ranks the previous and the next rank are one rank, and two messages to it must b
 receives them (stock Megatron-Core posts send-prev first, and with the interleaved schedule on gloo the activation
 and the gradient then swap).
 
-Not served (refused at the first schedule call, with one message): `+aqsgd` (Megatron's tensors carry no sample
-ids), `auto`, `use_ring_exchange_p2p`. Megatron sends [seq, batch, hidden]: per-sample operators group along dim 1
-(`batch_dim=1` is set unless the spec sets it).
+`auto` decides each link's codec before a training step where a round is due (pp_compress.decide), over the
+communicator's own p2p. Not served (refused at the first schedule call, with one message): `+aqsgd` (Megatron's
+tensors carry no sample ids), `auto` with the interleaved schedule, `use_ring_exchange_p2p`. Megatron sends
+[seq, batch, hidden]: per-sample operators group along dim 1 (`batch_dim=1` is set unless the spec sets it).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import functools
+import sys
 from typing import Any, Callable
 
 import torch
@@ -47,6 +49,7 @@ from megatron.core.pipeline_parallel import p2p_communication, schedules
 from torch import Tensor
 
 from .config import CompressionConfig
+from .decide import begin_step
 from .ops.base import TensorSpec
 from .pipe import StageCompression
 from .policy import Where
@@ -93,6 +96,10 @@ class CompressedP2PCommunicator(p2p_communication.P2PCommunicator):
             self.session.stage = self._start()
         self.session.step += 1
         self.session.counts.clear()
+        if self.session.training:  # `auto`'s decision rounds, where due, before the step's first message
+            for line in begin_step(self.session.stage.policy, self.rank, self.pp, _device(), self._exchange,
+                                   self.session.step):
+                print(f"[rank {dist.get_rank()}] {line}", file=sys.stderr, flush=True)  # on the sender's rank
 
     def _start(self) -> StageCompression:
         """The first schedule call: refuse what cannot be served, agree on the config, check the transport."""
@@ -101,8 +108,10 @@ class CompressedP2PCommunicator(p2p_communication.P2PCommunicator):
         specs = [cfg.activations, cfg.gradients, *(o for b in cfg.boundaries.values()
                                                    for o in (b.activations, b.gradients) if o)]
         refused = ([f"{s}: +aqsgd needs sample ids, which Megatron's tensors do not carry" for s in specs
-                    if s.feedback == "aqsgd"] + ([f"{cfg.auto} is not served by the Megatron-Core adapter yet"]
-                                                 if cfg.auto else [])
+                    if s.feedback == "aqsgd"]
+                   + ([f"{cfg.auto} with the interleaved schedule: auto's link probes run between neighbouring "
+                       "ranks, one stage each"] if cfg.auto and self.config.virtual_pipeline_model_parallel_size
+                      else [])
                    + (["use_ring_exchange_p2p"] if self.config.use_ring_exchange_p2p else []))
         if refused:
             raise NotImplementedError("pp_compress.megatron cannot serve: " + "; ".join(refused)

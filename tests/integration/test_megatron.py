@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.launch import HANG_S, run_variants
+from tests.integration.launch import HANG_S, run_job, run_variants
 
 # Megatron-Core imports triton, which must not be imported in the test process before the interpreter tests
 # (tests/unit/ops/interpreted.py): found, not imported, and everything that imports it runs in a process of its own
@@ -71,6 +71,17 @@ def test_megatron_lm_s_command_line_turns_it_on_with_a_spec_or_a_yaml_file(tmp_p
     same(res["enable"], res["flag"])
     same(res["enable"], res["yaml"])
     assert res["yaml"][0]["stats"]["b0.act"]["ratio"] > 3.5
+
+
+def test_auto_decides_every_link_of_the_1f1b_schedule_and_refuses_the_interleaved_one(tmp_path):
+    """`auto`: before step 1 and every `every` steps each link's sender probes the link, times the candidates and
+    tells the receiver, over the adapter's own p2p; both sides switch together (a mismatch could not decode)."""
+    rc, log = run_job(WORKER, 3, "--out", str(tmp_path), "--spec", "auto:every=2", "--steps", "4")
+    assert rc == 0, log[-4000:]
+    for b, direction in ((0, "act"), (0, "grad"), (1, "act"), (1, "grad")):
+        assert f"step 1: pp_compress auto: boundary {b} {direction}: link" in log, (b, direction, log[-3000:])
+    rc, log = run_job(WORKER, 2, "--out", str(tmp_path / "vpp"), "--spec", "auto", "--vpp", "2")
+    assert rc != 0 and "pp_compress.megatron cannot serve: auto" in log and "interleaved schedule" in log
 
 
 def test_a_bad_spec_fails_at_enable_with_one_message():

@@ -5,7 +5,9 @@
 Before each `deepspeed.runtime.pipe.p2p.send` (every pipeline message: DeepSpeed's meta handshake and
 pp_compress's payloads alike) the sender sleeps latency + bytes * 8 / rate. With PPC_BENCH_P2P=torch (scripts that
 talk torch.distributed directly, like KV-cached generation), `torch.distributed.send` is delayed the same way, and a
-`torch.distributed.broadcast` by its source rank (a new token going back to every stage) is one message too. benchmarks/e2e.py uses it
+`torch.distributed.broadcast` by its source rank (a new token going back to every stage) is one message too. With
+PPC_BENCH_P2P=batch (Megatron-Core's schedules and pp_compress.megatron post P2P ops in batches), before
+`torch.distributed.batch_isend_irecv` the sender sleeps for each of the batch's sends in turn. benchmarks/e2e.py uses it
 for two things, and labels both in its results:
 - a link's one-way latency, on top of real kernel rate limits (tc tbf): this kernel has no netem;
 - the whole link (latency and bandwidth), only where network namespaces are not permitted.
@@ -93,7 +95,8 @@ def link_at(schedule: Schedule, seconds: float) -> tuple[float, float]:
 def install(latency_ms: float, rate_mbit: float, p2p_api: str = "deepspeed",
             links: dict[int, Schedule] | None = None) -> None:
     """Wrap p2p.send; pp_compress's engine and DeepSpeed's own look it up on the module at call time. p2p_api "torch":
-    wrap torch.distributed.send and broadcast instead (DeepSpeed's send calls torch's: never both). `links`: a
+    wrap torch.distributed.send and broadcast instead (DeepSpeed's send calls torch's: never both); "batch":
+    torch.distributed.batch_isend_irecv. `links`: a
     schedule per boundary (parse_links); the others take latency_ms and rate_mbit."""
     start: list[float] = []
 
@@ -105,6 +108,19 @@ def install(latency_ms: float, rate_mbit: float, p2p_api: str = "deepspeed",
             start.append(time.monotonic())
         return delay_s(nbytes, *reversed(link_at(schedule, time.monotonic() - start[0])))
 
+    if p2p_api == "batch":
+        import torch.distributed as dist
+
+        tbatch = dist.batch_isend_irecv
+
+        def delayed_batch(ops: list[Any]) -> Any:
+            for op in ops:
+                if op.op in (dist.isend, dist.send):
+                    time.sleep(delay(op.tensor.numel() * op.tensor.element_size(), dist.get_rank(), op.peer))
+            return tbatch(ops)
+
+        dist.batch_isend_irecv = delayed_batch
+        return
     if p2p_api == "torch":
         import torch.distributed as dist
 
@@ -122,7 +138,7 @@ def install(latency_ms: float, rate_mbit: float, p2p_api: str = "deepspeed",
         dist.send, dist.broadcast = delayed_send, delayed_broadcast
         return
     if p2p_api != "deepspeed":
-        raise SystemExit(f"PPC_BENCH_P2P={p2p_api!r}; accepted: deepspeed, torch")
+        raise SystemExit(f"PPC_BENCH_P2P={p2p_api!r}; accepted: deepspeed, torch, batch")
     from deepspeed.runtime.pipe import p2p
 
     send = p2p.send

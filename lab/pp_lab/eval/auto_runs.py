@@ -1,4 +1,4 @@
-"""Is `auto` at parity? Its quality runs (eval/study.py's AUTO_LONG and AUTO_SMOLLM2) judged by the loss rule against
+"""Is `auto` at parity? Its quality runs (eval/study.py's AUTO_LONG, AUTO_SMOLLM2 and AUTO_MEGATRON) judged by the loss rule against
 their testbed's baseline, with the bits they sent and the codecs they switched between (docs/choosing.md's block)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from pp_lab.eval import frontier
-from pp_lab.eval.study import AUTO_LONG, AUTO_SMOLLM2, DECISIONS
+from pp_lab.eval.study import AUTO_LONG, AUTO_MEGATRON, AUTO_SMOLLM2, DECISIONS
 
 PICK = re.compile(r"step (\d+): pp_compress auto: boundary (\d+) (\w+): .*?; (\w+)(?: \(|:)")
 """A decision line (pp_compress.auto.describe): step, boundary, direction, pick."""
@@ -35,9 +35,10 @@ def switches(log: Path) -> dict[tuple[int, str], list[tuple[int, str]]]:
 
 
 def rows(results: Path) -> list[dict]:
-    """One row per finished auto run under results/eval (long/ and smollm2/)."""
+    """One row per finished auto run under results/eval (long/, smollm2/ and megatron/)."""
     out = []
-    for runs, bed in ((AUTO_LONG, frontier.TESTBEDS["long"]), (AUTO_SMOLLM2, frontier.TESTBEDS["smollm2"])):
+    for runs, bed in ((AUTO_LONG, frontier.TESTBEDS["long"]), (AUTO_SMOLLM2, frontier.TESTBEDS["smollm2"]),
+                      (AUTO_MEGATRON, frontier.TESTBEDS["megatron"])):
         where = results / bed.results
         base, seed1 = final_and_bytes(where / bed.base), final_and_bytes(where / bed.seed1)
         for name, (spec, links) in runs.items():

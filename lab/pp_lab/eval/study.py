@@ -323,7 +323,9 @@ AUTO_LONG: dict[str, tuple[str, str]] = {
 AUTO_SMOLLM2: dict[str, tuple[str, str]] = {  # ~4x the small GPT's step time: the schedule's phases too
     "sm-auto-mixed": ("auto:max=aggressive:model=SmolLM2-135M",
                       "0=none,1=5mbit@20ms~1500s=none~3000s=5mbit@20ms,2=25mbit@10ms")}
-AUTO_RUNS = {**AUTO_LONG, **AUTO_SMOLLM2}
+AUTO_MEGATRON: dict[str, tuple[str, str]] = {  # one link (2 stages): slow, unlimited, slow again
+    "mc-auto-mixed": ("auto:max=aggressive:model=small-gpt", "0=5mbit@20ms~120s=none~240s=5mbit@20ms")}
+AUTO_RUNS = {**AUTO_LONG, **AUTO_SMOLLM2, **AUTO_MEGATRON}
 # Megatron-Core (issue 70): the small GPT's sizes as Megatron-Core's own GPTModel under its own 1F1B schedule
 # (recipes/pretrain.py --engine megatron), 2 pipeline stages (one process per core here), the recipe's 300 steps
 MEGATRON: dict[str, str] = {"mc-base": "none", "mc-base-seed1": "none", "mc-safe": "safe", "mc-aggressive": "aggressive"}
@@ -338,7 +340,7 @@ PROTOCOLS = {"short": (list(SETTINGS), ROOT / "runs" / "study"),
              # the long protocol's from-scratch bottleneck rows alone, where the long study's runs go
              "long-bottleneck": (BOTTLENECK_LONG_ORDER, ROOT / "runs" / "study_long"),
              "smollm2": (_SM_ORDER, ROOT / "runs" / "study_smollm2"),
-             "megatron": (list(MEGATRON), ROOT / "runs" / "study_megatron")}
+             "megatron": ([*MEGATRON, *AUTO_MEGATRON], ROOT / "runs" / "study_megatron")}
 
 
 def job(name: str, protocol: str) -> tuple[str, int, list[str], str]:
@@ -348,9 +350,10 @@ def job(name: str, protocol: str) -> tuple[str, int, list[str], str]:
     if protocol == "smollm2" and name in AUTO_SMOLLM2:
         return "finetune.py", 4, [*SM_COMMON, "--seed", "0"], AUTO_SMOLLM2[name][0]
     if protocol == "megatron":
-        if name not in MEGATRON:
-            raise SystemExit(f"unknown setting {name!r} in the megatron protocol; accepted: {', '.join(MEGATRON)}")
-        return "pretrain.py", 2, [*MC_COMMON, "--seed", str(SEEDS.get(name, 0))], MEGATRON[name]
+        specs = {**MEGATRON, **{n: spec for n, (spec, _) in AUTO_MEGATRON.items()}}
+        if name not in specs:
+            raise SystemExit(f"unknown setting {name!r} in the megatron protocol; accepted: {', '.join(specs)}")
+        return "pretrain.py", 2, [*MC_COMMON, "--seed", str(SEEDS.get(name, 0))], specs[name]
     if name in FINETUNE:
         return "finetune.py", 2, [*FT_COMMON, "--seed", str(SEEDS.get(name, 0))], FINETUNE[name]
     if protocol == "long" and name in FT_EPOCHS:
@@ -394,8 +397,10 @@ def main() -> None:
             # and its output is captured: say where to follow it
             print(f"{name:24s} {spec:34s} {again}: running, its log grows in {out / 'metrics.jsonl'}", flush=True)
             script, first, env = ROOT / "recipes" / recipe, [], None
-            if name in AUTO_RUNS:  # through the emulated links
-                script, first, env = THROTTLE, [str(script)], {"PPC_BENCH_LINKS": AUTO_RUNS[name][1]}
+            if name in AUTO_RUNS:  # through the emulated links (Megatron-Core posts its P2P ops in batches)
+                script, first, env = THROTTLE, [str(script)], {"PPC_BENCH_LINKS": AUTO_RUNS[name][1],
+                                                               "PPC_BENCH_P2P": "batch" if name in AUTO_MEGATRON
+                                                               else "deepspeed"}
             out.mkdir(parents=True, exist_ok=True)
             with open(out / TRAIN_LOG, "a") as f:
                 f.write(f"{ATTEMPT} {again} {time.strftime('%Y-%m-%d %H:%M:%S')}\n")

@@ -154,3 +154,25 @@ def test_a_link_per_boundary_and_its_changes_parse_and_apply(monkeypatch):
     monkeypatch.setattr(dist, "get_rank", lambda: 2)
     dist.send(msg, 3)
     assert slept == [pytest.approx(1.02), 0.0, pytest.approx(0.003)]
+
+
+def test_batched_p2p_ops_sleep_for_each_send_on_its_link(monkeypatch):
+    """PPC_BENCH_P2P=batch (Megatron-Core): a batch's sends each take their link's time before it is posted; its
+    receives take none."""
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    from pp_lab.bench import throttle
+
+    slept, posted = [], []
+    monkeypatch.setattr(dist, "batch_isend_irecv", posted.append)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(throttle.time, "sleep", slept.append)
+    throttle.install(0.0, 0.0, "batch", throttle.parse_links("0=5mbit@20ms,1=none"))
+    msg = torch.zeros(625_000, dtype=torch.uint8)  # 5 Mbit
+    ops = [types.SimpleNamespace(op=kind, tensor=msg, peer=peer)  # what a dist.P2POp holds
+           for kind, peer in ((dist.isend, 0), (dist.irecv, 0), (dist.isend, 2))]
+    dist.batch_isend_irecv(ops)
+    assert slept == [pytest.approx(1.02), 0.0] and posted == [ops]

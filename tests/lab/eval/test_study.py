@@ -86,14 +86,15 @@ def test_auto_runs_go_through_their_emulated_links_and_keep_their_decisions(tmp_
     script, args, env = calls[0]
     assert script == study.THROTTLE and args[0].endswith("recipes/pretrain.py")
     assert args[args.index("--pp-compress") + 1] == "auto:max=aggressive:model=small-gpt"
-    assert env == {"PPC_BENCH_LINKS": study.AUTO_LONG["auto-mixed"][1]}
+    assert env == {"PPC_BENCH_LINKS": study.AUTO_LONG["auto-mixed"][1], "PPC_BENCH_P2P": "deepspeed"}
     log = (tmp_path / "runs" / "auto-mixed" / study.DECISIONS).read_text().splitlines()
     assert log == [f"# links {study.AUTO_LONG['auto-mixed'][1]}", "# attempt 1", decision, "# attempt 2", decision]
     assert (tmp_path / "runs" / "auto-mixed" / study.TRAIN_LOG).read_text().count(study.ATTEMPT) == 2
 
 
 def test_every_auto_run_is_in_its_protocols_order_once() -> None:
-    for protocol, runs in (("long", study.AUTO_LONG), ("smollm2", study.AUTO_SMOLLM2)):
+    for protocol, runs in (("long", study.AUTO_LONG), ("smollm2", study.AUTO_SMOLLM2),
+                           ("megatron", study.AUTO_MEGATRON)):
         order = study.PROTOCOLS[protocol][0]
         assert all(order.count(name) == 1 for name in runs)
 
