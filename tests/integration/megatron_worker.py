@@ -35,6 +35,8 @@ ap.add_argument("--spec", default=None, help="pp_compress spec; omitted = stock 
 ap.add_argument("--lm-args", default=None, help="a Megatron-LM command line's pp_compress options: parsed by a parser "
                 "that pp_compress.megatron.add_arguments extended, and served as megatron.training.get_args() is")
 ap.add_argument("--no-batch", action="store_true", help="batch_p2p_comm off (Megatron's separate isend/irecv)")
+ap.add_argument("--overlap", action="store_true", help="overlap_p2p_comm: the interleaved schedule waits for its "
+                "messages later (wait_on_reqs=False, handles)")
 ap.add_argument("--variable", action="store_true",
                 help="variable_seq_lengths: micro-batches of 17, 16, 15, 17, ... positions")
 ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage (each chunk then a column- and a "
@@ -124,6 +126,7 @@ def train(variant: argparse.Namespace) -> dict:
                                tensor_model_parallel_size=args.tp, sequence_parallel=args.sp,
                                use_cpu_initialization=True,
                                pipeline_dtype=torch.float32, batch_p2p_comm=not args.no_batch,
+                               overlap_p2p_comm=args.overlap,
                                variable_seq_lengths=args.variable,
                                moe_token_dispatcher_type="alltoall")  # (no MoE here: the one variable lengths allow)
     models = [Chunk(v * PP + PP_RANK, chunks * PP, config) for v in range(chunks)]

@@ -26,9 +26,10 @@ def same(a: dict[int, dict], b: dict[int, dict]) -> None:
 
 
 @pytest.mark.parametrize("nproc,args", [(2, []), (2, ["--no-batch"]), (2, ["--variable"]), (3, ["--vpp", "2"]),
+                                        (3, ["--vpp", "2", "--overlap", "--no-batch"]),
                                         (4, ["--tp", "2"]), (4, ["--tp", "2", "--sp"])],
-                         ids=["1f1b", "1f1b-unbatched", "variable-lengths", "interleaved-pp3", "tp2xpp2",
-                              "tp2xpp2-sequence-parallel"])
+                         ids=["1f1b", "1f1b-unbatched", "variable-lengths", "interleaved-pp3", "interleaved-overlapped",
+                              "tp2xpp2", "tp2xpp2-sequence-parallel"])
 def test_identity_is_bitwise_stock_megatron_and_int8_shrinks_the_traffic(tmp_path, nproc, args):
     res = run(tmp_path, nproc, {"stock": [], "ident": ["--spec", "identity"], "int8": ["--spec", "act=int8,grad=int8"]},
               *args)
