@@ -151,28 +151,37 @@ class CompressedP2PCommunicator(p2p_communication.P2PCommunicator):
             prev_shape = next_shape = tensor_shape
         prev, nxt = (self.rank - 1) % self.pp, self.rank
         ops: dict[str, list[dist.P2POp]] = {}
-        finish: dict[str, Callable[[], None]] = {}
-        out: dict[str, Tensor | None] = {"prev": None, "next": None}
+        decoders: dict[str, Callable[[], Tensor]] = {}
         # the order the peer receives in (see the module docstring): send-next, recv-prev, send-prev, recv-next
         if tensor_send_next is not None:
             ops["send_next"] = self._send(tensor_send_next, nxt, "act", self.next_rank)
         if recv_prev:
-            out["prev"], ops["recv_prev"], finish["recv_prev"] = self._recv(prev_shape, prev, "act", self.prev_rank)
+            ops["recv_prev"], decoders["prev"] = self._recv(prev_shape, prev, "act", self.prev_rank)
         if tensor_send_prev is not None:
             ops["send_prev"] = self._send(tensor_send_prev, prev, "grad", self.prev_rank)
         if recv_next:
-            out["next"], ops["recv_next"], finish["recv_next"] = self._recv(next_shape, nxt, "grad", self.next_rank)
+            ops["recv_next"], decoders["next"] = self._recv(next_shape, nxt, "grad", self.next_rank)
         flat = [op for group in ops.values() for op in group]
         works = dist.batch_isend_irecv(flat) if flat else []
+        if wait_on_reqs:
+            for work in works:
+                work.wait()
+            got = {name: decode() for name, decode in decoders.items()}  # the decoded tensors themselves: no copy
+            return got.get("prev"), got.get("next"), None
+        # the overlapped schedule holds the received tensors before they arrive: Megatron's own buffers, filled by
+        # the handle's wait()
+        out: dict[str, Tensor] = {}
+        finish: dict[str, Callable[[], None]] = {}
+        for name, shape in (("prev", prev_shape), ("next", next_shape)):
+            if name in decoders:
+                out[name] = torch.empty(tuple(shape), requires_grad=True, device=_device(),
+                                        dtype=self.config.pipeline_dtype)
+                finish[f"recv_{name}"] = functools.partial(_fill, out[name], decoders[name])
         handles, i = {}, 0
         for name, group in ops.items():
             handles[name] = _Handle(works[i:i + len(group)], finish.get(name))
             i += len(group)
-        if wait_on_reqs:
-            for handle in handles.values():
-                handle.wait()
-            return out["prev"], out["next"], None
-        return out["prev"], out["next"], handles
+        return out.get("prev"), out.get("next"), handles
 
     def _send(self, t: Tensor, link: int, direction: str, peer: int) -> list[dist.P2POp]:
         stage = self.session.stage
@@ -181,22 +190,26 @@ class CompressedP2PCommunicator(p2p_communication.P2PCommunicator):
         return [dist.P2POp(dist.isend, buf, peer, self.pp_group) for _, buf in bufs]
 
     def _recv(self, shape: Any, link: int, direction: str, peer: int
-              ) -> tuple[Tensor, list[dist.P2POp], Callable[[], None]]:
-        """The tensor the schedule gets (Megatron's own receive buffer), the receives to post, and what fills it."""
+              ) -> tuple[list[dist.P2POp], Callable[[], Tensor]]:
+        """The receives to post, and what decodes them once they arrived: a leaf that wants its gradient, as
+        Megatron's own receive buffers are."""
         stage, dtype = self.session.stage, self.config.pipeline_dtype
         assert stage is not None
         if dtype is None:
             raise RuntimeError("pipeline_dtype must be provided to receive (Megatron-Core's own requirement)")
-        device = _device()
-        target = torch.empty(tuple(shape), requires_grad=True, device=device, dtype=dtype)
         specs, where = [TensorSpec(tuple(shape), dtype)], self._where(link, direction)
-        bufs = stage.recv_buffers(specs, where, device, [None])
+        bufs = stage.recv_buffers(specs, where, _device(), [None])
 
-        def fill() -> None:
+        def decode() -> Tensor:
             with torch.no_grad():
-                target.copy_(stage.decode(specs, where, [None], bufs)[0])
+                return stage.decode(specs, where, [None], bufs)[0].detach().requires_grad_()
 
-        return target, [dist.P2POp(dist.irecv, buf, peer, self.pp_group) for _, buf in bufs], fill
+        return [dist.P2POp(dist.irecv, buf, peer, self.pp_group) for _, buf in bufs], decode
+
+
+def _fill(target: Tensor, decode: Callable[[], Tensor]) -> None:
+    with torch.no_grad():
+        target.copy_(decode())
 
 
 class _Handle:
