@@ -27,7 +27,7 @@ import pp_compress as ppc
 from pp_lab.eval import auto_runs, epochs, frontier
 from pp_compress.presets import PRESETS
 from pp_lab.eval.findings import LEVELS, Findings, continued, findings_compared, finetuning, verdicts
-from pp_lab.eval.study import (COMMON, FINDINGS_RUNS, FINETUNE, FT_COMMON, FT_EP_COMMON, FT_EPOCHS, LOGS, LONG, LONG_COMMON,
+from pp_lab.eval.study import (COMMON, MC_COMMON, FINDINGS_RUNS, FINETUNE, FT_COMMON, FT_EP_COMMON, FT_EPOCHS, LOGS, LONG, LONG_COMMON,
                         SETTINGS, SM_COMMON, SMOLLM2)
 
 KEEP = (*LOGS, "infer_none.json")
@@ -261,6 +261,16 @@ def smollm2_block(rows: list[dict], results: Path) -> list[str]:
     return out
 
 
+def megatron_block(rows: list[dict[str, Any]]) -> list[str]:
+    """docs/results.md's Megatron-Core block: the loss rule's table of its study (eval/study.py --protocol megatron)."""
+    return [f"Every run: `recipes/pretrain.py {' '.join(MC_COMMON)} --seed S --pp-compress SPEC` (Megatron-Core's own "
+            "GPTModel in the small GPT's sizes under its own 1F1B schedule, 2 pipeline stages on CPU/gloo, the recipe's "
+            "Shakespeare data; `python eval/study.py --protocol megatron`, resumable). Logs: "
+            "`results/eval/megatron/<setting>/`. Bits per element are counted at the transport against the baseline's "
+            "dense fp32 tensors; the loss rule as above (tolerance: twice the seed-to-seed gap, at least 0.02 nats). "
+            "`auto` over an emulated link that changes: docs/choosing.md.", "", *frontier.table(rows)]
+
+
 def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, dict], ftep: dict[str, dict],
                  args: argparse.Namespace) -> list[str]:
     rel = args.out.parent
@@ -283,6 +293,11 @@ def long_section(long: dict[str, dict], short: dict[str, dict], ft: dict[str, di
             sm = frontier.of_model(frontier.build(sm_results, measured, args.results / "frontier.json", sm_bed),
                                    sm_bed.model)
             update_readme(args.readme, "frontier-smollm2", smollm2_block(sm, sm_results))
+        mc_bed = frontier.TESTBEDS["megatron"]
+        if (args.results / mc_bed.results / mc_bed.base).exists():
+            mc = frontier.of_model(frontier.build(args.results / mc_bed.results, [], args.results / "frontier.json",
+                                                  mc_bed), mc_bed.model)
+            update_readme(args.readme, "frontier-megatron", megatron_block(mc))
     cmds = e2e_commands(args.e2e)
     return ["## The long study: 1,000 steps (the headline)", "",
             f"Every run: `recipes/pretrain.py {' '.join(LONG_COMMON)} --pp-compress SPEC` (plus the setting's own options) — "
