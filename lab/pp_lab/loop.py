@@ -25,7 +25,8 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from pp_lab.train import Logger, evaluate_batches, gather_digests, prune_checkpoints, rss_mb, wire_rows, wire_totals
+from pp_lab.train import (Logger, evaluate_batches, gather_digests, merge_stats, prune_checkpoints, rss_mb, wire_rows,
+                          wire_totals)
 
 
 class Engine(Protocol):
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace, engine: Engine, compression: Any, meta: dict[s
     log.close()
     stats: list[dict] = [{}] * world
     dist.all_gather_object(stats, engine.stats())
-    merged = {k: v for rows in stats for k, v in rows.items() if v["calls"]}
+    merged = {k: v for k, v in merge_stats(stats).items() if v["calls"]}  # tensor-parallel ranks: summed
     summary = {"final_val_loss": val_loss, "steps": args.steps, "pp_compress": str(compression), "engine": engine.name,
                "stats": merged}
     if args.digest:

@@ -597,7 +597,7 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
     log.close()
     every = [None] * world
     dist.all_gather_object(every, {k: v for k, v in engine.pp_compress_stats().items() if v["calls"]} if dp_id == 0 else {})
-    stats = _merge(every)
+    stats = merge_stats(every)
     summary = {"final_val_loss": val_loss, "steps": args.steps, "pp_compress": str(engine.pp_compress_config()),
                "stats": stats}
     if args.digest:
@@ -625,7 +625,7 @@ def prune_checkpoints(ckpt: Path, keep: int) -> list[Path]:
     return gone
 
 
-def _merge(per_rank: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def merge_stats(per_rank: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """One row per boundary and direction from every rank's pp_compress_stats(): sums over ranks (with tensor
     parallelism each TP rank sends its own slice, so the sum is the boundary's traffic)."""
     out: dict[str, dict[str, Any]] = {}

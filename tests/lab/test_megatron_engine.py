@@ -31,6 +31,8 @@ def test_megatron_core_pretrains_compressed_at_pp2_and_tp2_x_pp2(tmp_path):
     tp2 = rows(tmp_path / "tp2", "train")
     assert [r["act_raw_bytes"] for r in tp2] == [2 * r["act_raw_bytes"] for r in train]
     assert abs(tp2[0]["loss"] - train[0]["loss"]) < 1e-3  # the same weights, split over two ranks
+    both = json.loads((tmp_path / "tp2" / "summary.json").read_text())["stats"]["b0.act"]
+    assert both["calls"] == 2 * summary["stats"]["b0.act"]["calls"]  # each tensor-parallel rank's messages
     rc, log = run_job(RECIPE, 2, *TINY, "--engine", "megatron", "--out", str(tmp_path / "tied"))
     assert rc != 0 and "add --untied" in log and not (tmp_path / "tied" / "metrics.jsonl").exists()
 
