@@ -24,21 +24,8 @@
 # editable install of this checkout, so the library and the lab are put on the path here; a folder named by
 # $EXTRA_PYTHONPATH goes on it too: with the device tool, `pip install --target .cache/devpkgs --no-deps pytest-xdist
 # execnet` here, carry .cache/devpkgs, and run `EXTRA_PYTHONPATH=$PWD/.cache/devpkgs bash benchmarks/cuda_check.sh`.
-set -o pipefail
-export PYTHONPATH="$PWD:$PWD/lab${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}${PYTHONPATH:+:$PYTHONPATH}"
-out=${1:-results/bench/cuda}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-nvidia-smi -L
+source "$(dirname "$0")/cuda_steps.sh" "$@"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" || exit 1
-rc=0
-step() {  # step SECONDS COMMAND...: run it under a time limit, note a failure or a timeout and go on
-    local limit=$1; shift
-    local t0=$SECONDS
-    timeout "$limit" "$@"; local s=$?
-    echo "== $((SECONDS - t0)) s, exit $s: $*" | cut -c1-200
-    [ $s -eq 0 ] || rc=1
-}
 parallel=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 step 180 bash -c "set -o pipefail; python3 -m pytest -q -p no:cacheprovider $parallel --durations=10 tests/unit/ops/test_cuda.py \
     tests/unit/test_cuda.py 2>&1 | tee '$out/cuda_tests.log'"

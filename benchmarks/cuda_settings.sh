@@ -7,21 +7,8 @@
 # 2. benchmarks/ops.py: the rotated codecs under each setting at message sizes between an inference message and a
 #    Megatron-sized one (64 to 2048 rows of 2048), where the sign table's extra launch and its shorter kernels cross.
 # benchmarks/cuda_check.sh runs first on a fresh machine (its tests compile every kernel); each step here has its own
-# time limit and writes its file as it finishes. The library and the lab go on the path as in cuda_check.sh.
-set -o pipefail
-export PYTHONPATH="$PWD:$PWD/lab${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}${PYTHONPATH:+:$PYTHONPATH}"
-out=${1:-results/bench/cuda}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-nvidia-smi -L
-rc=0
-step() {  # step SECONDS COMMAND...: run it under a time limit, note a failure or a timeout and go on
-    local limit=$1; shift
-    local t0=$SECONDS
-    timeout "$limit" "$@"; local s=$?
-    echo "== $((SECONDS - t0)) s, exit $s: $*" | cut -c1-200
-    [ $s -eq 0 ] || rc=1
-}
+# time limit and writes its file as it finishes (cuda_steps.sh).
+source "$(dirname "$0")/cuda_steps.sh" "$@"
 table="--sign-table-rows off --sign-table-rows 0"
 step 100 python3 benchmarks/train_step.py --device cuda --dtype bf16 --rounds 15 --batch 16 --seq 2048 --spec none \
     --spec safe --spec aggressive $table --out "$out/train_step_settings_bf16_b16s2048.md"
