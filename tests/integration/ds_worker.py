@@ -37,6 +37,9 @@ ap.add_argument("--eval-options", action="store_true", help="also eval_batch(ret
 ap.add_argument("--act-ckpt", action="store_true", help="activation checkpointing (activation_checkpoint_interval=1)")
 ap.add_argument("--reshape", action="store_true", help="(MBS, T, D) inputs, T = 8 for the first half of the steps and 4 "
                 "after, with engine.reset_activation_shape() between")
+ap.add_argument("--variable", action="store_true", help="(MBS, T, D) inputs with T = 8, 7, 6, 8, ... per micro-batch: "
+                "each micro-batch its own length (PipelineModule(dynamic_shape=True)), so in 1F1B a gradient comes back "
+                "for an earlier micro-batch of another length")
 ap.add_argument("--pair", action="store_true", help="every stage sends two float tensors, (hidden, a side tensor "
                 "made from it) and counts the backward passes through its first layer")
 args, VARIANTS = variants.parse_args(ap)
@@ -127,7 +130,7 @@ def make_engine():
         layers += [LayerSpec(OnHidden, "linear", H, D, last=True)]
         cls = DualPipeVModule if args.dualpipev else GPT2ModelPipe if args.mask else PipelineModule
         model = cls(layers=layers, num_stages=args.stages, loss_fn=nn.MSELoss(), partition_method="uniform",
-                    activation_checkpoint_interval=1 if args.act_ckpt else 0)
+                    activation_checkpoint_interval=1 if args.act_ckpt else 0, dynamic_shape=args.variable)
     dp = world // (args.stages * max(args.tp, 1))
     cfg = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": GAS,
            "train_batch_size": MBS * GAS * dp, "steps_per_print": 10**9, "bf16": {"enabled": args.bf16},
@@ -169,6 +172,8 @@ def data(seed, skip=0):
         x = pool[ids] if args.ids else torch.randn(MBS, D, generator=g)
         if args.reshape:  # tokens: (MBS, T, D), T halves at the middle of training (see the loop)
             x = torch.randn(MBS, SHAPE["T"], D, generator=g)
+        if args.variable:
+            x = torch.randn(MBS, 8 - i % 3, D, generator=g)
         i += 1
         if i > skip:
             inp = x.bfloat16() if args.bf16 else x

@@ -14,8 +14,9 @@ def _same(a: dict, b: dict, keys: tuple[str, ...]) -> None:
             assert a[rank].get(k) == b[rank].get(k), (rank, k, a[rank].get(k), b[rank].get(k))
 
 
-@pytest.mark.parametrize("feature", [("--eval-options",), ("--act-ckpt",), ("--reshape",)],
-                         ids=["eval_batch-options", "activation-checkpointing", "reset_activation_shape"])
+@pytest.mark.parametrize("feature", [("--eval-options",), ("--act-ckpt",), ("--reshape",), ("--variable",)],
+                         ids=["eval_batch-options", "activation-checkpointing", "reset_activation_shape",
+                              "variable-lengths-per-micro-batch"])
 def test_identity_is_bitwise_stock_and_int8_stays_close(tmp_path, feature):
     import deepspeed
 
