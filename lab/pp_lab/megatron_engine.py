@@ -12,6 +12,7 @@ Megatron-Core's few CUDA calls to the CPU.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from typing import Any, Iterator
 
 import torch
@@ -25,6 +26,8 @@ from pp_lab.model import GPTConfig
 
 def check(args: argparse.Namespace) -> None:
     """What this engine's recipes cannot do, refused before any work."""
+    if importlib.util.find_spec("megatron") is None:
+        raise SystemExit("--engine megatron needs megatron-core: pip install -e '.[megatron]'")
     if not args.untied:
         raise SystemExit("--engine megatron: tied embeddings need Megatron's embedding group all-reduce between the "
                          "first and the last stage, which this loop does not do; add --untied")
