@@ -30,6 +30,12 @@ NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs"
 """File system types (or prefixes, as `fuse.sshfs`) that other machines may share."""
 
 
+SETTLE_S = 2.0
+"""How long a lock must stay with no holder before it counts as left behind: torch takes and releases the lock on
+every load (not only for a build), and `FileBaton.release` closes the file a moment before it deletes it, so a lock
+seen unheld once may be one that is being released right then (ranks that start together load together)."""
+
+
 class StaleBuildLock(RuntimeError):
     """A build lock that no running build holds: torch would wait on it forever."""
 
@@ -99,15 +105,16 @@ def waits_on_lock_file() -> bool:
     return hasattr(cpp_extension, "FileBaton")
 
 
-def check(name: str, stale_after_s: float = STALE_LOCK_S, poll_s: float = 1.0) -> None:
+def check(name: str, stale_after_s: float = STALE_LOCK_S, poll_s: float = 1.0, settle_s: float = SETTLE_S) -> None:
     """Before loading JIT extension `name`: return when its build folder has no lock, or one that a running build on
     this machine holds (torch then waits for that build, as it should), or when this torch cannot wait on a stale one;
-    raise StaleBuildLock naming the file where nobody holds it (on a network file system: once it has stayed
-    `stale_after_s`, as another machine's build may)."""
+    raise StaleBuildLock naming the file where nobody has held it for `settle_s` (on a network file system: once it
+    has also stayed `stale_after_s`, as another machine's build may)."""
     if not waits_on_lock_file():
         return
     lock = lock_path(name)
     waited = False
+    unheld_since: float | None = None
     while lock.exists():
         pids = holders(lock)
         if pids:
@@ -116,15 +123,17 @@ def check(name: str, stale_after_s: float = STALE_LOCK_S, poll_s: float = 1.0) -
             age = time.time() - lock.stat().st_mtime
         except FileNotFoundError:
             return
+        now = time.monotonic()
+        unheld_since = now if unheld_since is None else unheld_since
         remote = pids is None or shared(lock.parent)
-        if not remote or age >= stale_after_s:
+        if now - unheld_since >= settle_s and (not remote or age >= stale_after_s):
             why = "no process on this machine has it open" if pids is not None else "nothing here can tell who has it"
             unless = ", unless a machine sharing that folder is building it now" if remote else ""
             raise StaleBuildLock(f"{lock} is left by a build of {name} that is no longer running ({age:.0f} s old; "
                                  f"{why}), and torch would wait on it forever. Delete it (rm '{lock}') and start "
                                  f"again{unless}")
-        if not waited:
+        if remote and not waited:
             print(f"pp_compress: waiting for {lock} (a build of {name} on another machine sharing this folder?); "
                   f"reported as stale if it stays {stale_after_s:.0f} s", file=sys.stderr, flush=True)
             waited = True
-        time.sleep(poll_s)
+        time.sleep(min(poll_s, settle_s / 4) if now - unheld_since < settle_s else poll_s)

@@ -36,6 +36,18 @@ def test_a_lock_nobody_holds_is_named_with_what_to_do(lock):
     assert lock.exists()  # reported, not removed
 
 
+def test_a_lock_being_released_is_not_taken_for_a_stale_one(lock):
+    """FileBaton.release closes the file, then deletes it: in between the lock has no holder. Ranks that load the
+    kernels together (every load takes the lock) met that moment; the check waits `settle_s` before it decides."""
+    import threading
+
+    lock.touch()
+    threading.Timer(0.3, lock.unlink).start()
+    began = time.monotonic()
+    buildlock.check(NAME, settle_s=5.0)  # the lock went within the settling time: no error
+    assert 0.2 < time.monotonic() - began < 4
+
+
 def test_a_torch_whose_lock_dies_with_its_holder_is_never_stopped_by_a_leftover_file(lock, monkeypatch):
     from torch.utils import cpp_extension
 
