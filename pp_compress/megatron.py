@@ -109,8 +109,8 @@ class CompressedP2PCommunicator(p2p_communication.P2PCommunicator):
                                                    for o in (b.activations, b.gradients) if o)]
         refused = ([f"{s}: +aqsgd needs sample ids, which Megatron's tensors do not carry" for s in specs
                     if s.feedback == "aqsgd"]
-                   + ([f"{cfg.auto} with the interleaved schedule: auto's link probes run between neighbouring "
-                       "ranks, one stage each"] if cfg.auto and self.config.virtual_pipeline_model_parallel_size
+                   + ([(f"{cfg.auto} with the interleaved schedule: auto's link probes run between neighbouring "
+                        "ranks, one stage each")] if cfg.auto and self.config.virtual_pipeline_model_parallel_size
                       else [])
                    + (["use_ring_exchange_p2p"] if self.config.use_ring_exchange_p2p else []))
         if refused:

@@ -25,8 +25,16 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from pp_lab.train import (Logger, evaluate_batches, gather_digests, merge_stats, prune_checkpoints, rss_mb, wire_rows,
-                          wire_totals)
+from pp_lab.train import (
+    Logger,
+    evaluate_batches,
+    gather_digests,
+    merge_stats,
+    prune_checkpoints,
+    rss_mb,
+    wire_rows,
+    wire_totals,
+)
 
 
 class Engine(Protocol):
