@@ -58,7 +58,8 @@ from .selfcheck import self_check
 from .stats import format_table
 from .versions import EngineRange
 
-TESTED = EngineRange("Megatron-Core", "0.16.1", "0.16.1", ("0.16.1 on CPU with gloo",),
+TESTED = EngineRange("Megatron-Core", "0.16.1", "0.19.2",
+                     ("0.16.1 (Python 3.11, torch 2.13.0) and 0.19.2 (Python 3.12, torch 2.14.1) on CPU with gloo",),
                      "pip install 'pp_compress[megatron]'")
 """The Megatron-Core releases whose P2PCommunicator and schedules this adapter was tested against."""
 SCHEDULES = ("forward_backward_pipelining_without_interleaving", "forward_backward_pipelining_with_interleaving")
