@@ -16,6 +16,11 @@ NEXT    := .venv-torch-next
 NEXT_PY := $(NEXT)/bin/python
 TORCH_NEXT := torch==2.14.1
 
+# $(call prebuild,PYTHON): the fused kernels for this CPU and their baseline build side by side (and DeepSpeed's
+# shared-memory op where DeepSpeed is installed); either failing fails
+prebuild = $(RUN) $(1) -m pp_compress.kernels & native=$$!; \
+	PP_COMPRESS_KERNELS=baseline $(RUN) $(1) -m pp_compress.kernels; baseline=$$?; wait $$native && test $$baseline = 0
+
 .PHONY: demo test setup models clean
 
 $(STAMP): pyproject.toml lab/pyproject.toml
@@ -29,9 +34,7 @@ $(STAMP): pyproject.toml lab/pyproject.toml
 	# prebuild every JIT build a job or a test loads, so that none compiles inside a job that a timeout may kill: the
 	# fused CPU kernels for this CPU and their baseline build (the scalar paths, which the tests check too), and
 	# DeepSpeed's CPU shared-memory op; the two run side by side (about a minute on 2 cores), and each fails set-up
-	$(RUN) $(VPY) -m pp_compress.kernels & native=$$!; \
-	  PP_COMPRESS_KERNELS=baseline $(RUN) $(VPY) -m pp_compress.kernels; baseline=$$?; \
-	  wait $$native && test $$baseline = 0
+	$(call prebuild,$(VPY))
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -43,9 +46,7 @@ $(NEXT)/.installed: pyproject.toml
 	echo "$(TORCH_NEXT)" > $(NEXT)/constraints.txt
 	# the library and its test tools (no DeepSpeed: its tests run in VENV); tqdm for the lab modules the tests read
 	$(NEXT_PY) -m pip install -q -c $(NEXT)/constraints.txt -e ".[dev]" tqdm
-	$(RUN) $(NEXT_PY) -m pp_compress.kernels & native=$$!; \
-	  PP_COMPRESS_KERNELS=baseline $(RUN) $(NEXT_PY) -m pp_compress.kernels; baseline=$$?; \
-	  wait $$native && test $$baseline = 0
+	$(call prebuild,$(NEXT_PY))
 	touch $@
 
 # Pipelined, compressed pretraining: 2 stage processes, a 4M-parameter GPT on Shakespeare (fetched once

@@ -53,7 +53,7 @@ from .decide import begin_step
 from .ops.base import TensorSpec
 from .pipe import StageCompression
 from .policy import Where
-from .runtime import check_args, check_same_config, load_state, resolve_config, save_state, spec_arg
+from .runtime import add_spec_argument, check_args, check_same_config, load_state, resolve_config, save_state
 from .selfcheck import self_check
 from .stats import format_table
 from .versions import EngineRange
@@ -91,7 +91,6 @@ class CompressedP2PCommunicator(p2p_communication.P2PCommunicator):
         if _SESSION is None:
             raise RuntimeError("pp_compress.megatron: call pp_compress.megatron.enable(spec) before the first schedule")
         self.session = _SESSION
-        _configured(self.session)
         self.pp, self.rank = pp_group.size(), pp_group.rank()
         if self.session.stage is None:
             self.session.stage = self._start()
@@ -261,9 +260,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     the command line is parsed, and compresses every schedule with what they say (read from Megatron-LM's parsed
     arguments, `megatron.training.get_args()`, at the first schedule call). Returns the parser."""
     group = parser.add_argument_group(title="pp_compress")
-    group.add_argument("--pp-compress", dest="pp_compress", default=None, metavar="SPEC", type=spec_arg,
-                       help="compress the pipeline's activations and gradients, e.g. safe, int8 or "
-                            "'act=int8,grad=int3:stoch'; wins over --pp-compress-config")
+    add_spec_argument(group, "--pp-compress-config")
     group.add_argument("--pp-compress-config", dest="pp_compress_config", default=None, metavar="FILE",
                        type=_config_arg, help="a JSON or YAML file whose \"pp_compress\" section is the compression")
     _install(_Session(None))

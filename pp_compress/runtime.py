@@ -96,6 +96,13 @@ def spec_arg(value: str) -> str:
     return value
 
 
+def add_spec_argument(parser: Any, over: str) -> None:
+    """Add `--pp-compress SPEC` to `parser` (or an argument group of it), checked as the command line is parsed
+    (`spec_arg`); `over`: what it wins over, for its help."""
+    parser.add_argument("--pp-compress", dest="pp_compress", default=None, metavar="SPEC", type=spec_arg,
+                        help=f"e.g. safe, int8 or 'act=int8,grad=int3:stoch'; wins over {over}")
+
+
 def check_args(args: argparse.Namespace, config: dict | str | None = None) -> CompressionConfig:
     """The compression a parsed command line asks for: `--pp-compress` (args.pp_compress) over the "pp_compress" section
     of `config`, else of `--deepspeed_config` (args.deepspeed_config). Call it right after parse_args, before building

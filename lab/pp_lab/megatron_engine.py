@@ -72,9 +72,11 @@ class _Engine:
     name, description = "megatron", "Megatron-Core, 1F1B"
 
     def __init__(self, model: nn.Module, args: argparse.Namespace, last: int, dev: torch.device) -> None:
+        import pp_compress.megatron as ppm
         from megatron.core import parallel_state
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        self.ppm = ppm  # (imported after megatron_cpu.install: it imports Megatron-Core)
         self.module, self.args, self.last, self.dev = model, args, last, dev
         self.is_last = parallel_state.is_pipeline_last_stage()
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -114,24 +116,16 @@ class _Engine:
                    owned=lambda p: getattr(p, "tensor_model_parallel", False) or self.tp_rank == 0)
 
     def check(self) -> None:
-        import pp_compress.megatron as ppm
-
-        ppm.check()
+        self.ppm.check()
 
     def stats(self) -> dict[str, dict[str, Any]]:
-        import pp_compress.megatron as ppm
-
-        return ppm.stats()
+        return self.ppm.stats()
 
     def state_dict(self) -> dict[str, Any]:
-        import pp_compress.megatron as ppm
-
-        return ppm.state_dict()
+        return self.ppm.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        import pp_compress.megatron as ppm
-
-        ppm.load_state_dict(state)
+        self.ppm.load_state_dict(state)
 
 
 def train(args: argparse.Namespace, cfg: GPTConfig, meta: dict[str, Any], train_ds: Any, val_ds: Any,

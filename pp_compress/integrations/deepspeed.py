@@ -47,7 +47,7 @@ from ..ops.base import TensorSpec
 from ..ops.fused import environment_ninja
 from ..pipe import StageCompression, View, sample_ids_of
 from ..policy import Where
-from ..runtime import SECTION, check_same_config, load_json, load_state, resolve_config, save_state, spec_arg
+from ..runtime import SECTION, check_same_config, load_json, load_state, resolve_config, save_state
 from ..selfcheck import self_check
 from ..stats import format_table
 from ..versions import EngineRange
@@ -530,7 +530,5 @@ def add_argparse_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     """Adds --pp-compress SPEC (wins over the config's "pp_compress" section). The spec is validated while the command
     line is parsed: a bad one stops the job at once with one message. Validate the config section too right after
     parsing, with `check_args(args)`."""
-    parser.add_argument("--pp-compress", dest="pp_compress", default=None, metavar="SPEC", type=spec_arg,
-                        help="e.g. safe, int8 or 'act=int8,grad=int3:stoch'; wins over the config's \"pp_compress\" "
-                             "section")
+    runtime.add_spec_argument(parser, 'the config\'s "pp_compress" section')
     return parser
