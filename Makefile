@@ -11,7 +11,8 @@ DEMO_ARGS ?= --model small --steps 200 --eval-every 50
 RUN     := PATH=$(abspath $(VENV))/bin:$$PATH OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu
 
 # The newest torch installable here (its CUDA build, which runs on the CPU) in an environment of its own: the library's
-# tests and its torch.distributed.pipelining adapter's run on it too, as on TORCH (docs/engines.md, tested versions)
+# tests and its torch.distributed.pipelining adapter's run on it too, as on TORCH (docs/engines.md, tested versions),
+# and torchtitan's, which needs a torch newer than TORCH
 NEXT    := .venv-torch-next
 NEXT_PY := $(NEXT)/bin/python
 TORCH_NEXT := torch==2.14.1
@@ -44,8 +45,9 @@ $(NEXT)/.installed: pyproject.toml
 	$(NEXT_PY) -m pip install -q --upgrade pip
 	$(NEXT_PY) -m pip install -q $(TORCH_NEXT)
 	echo "$(TORCH_NEXT)" > $(NEXT)/constraints.txt
-	# the library and its test tools (no DeepSpeed: its tests run in VENV); tqdm for the lab modules the tests read
-	$(NEXT_PY) -m pip install -q -c $(NEXT)/constraints.txt -e ".[dev]" tqdm
+	# the library, its test tools and torchtitan (no DeepSpeed: its tests run in VENV); tqdm for the lab modules the
+	# tests read
+	$(NEXT_PY) -m pip install -q -c $(NEXT)/constraints.txt -e ".[dev,torchtitan]" tqdm
 	$(call prebuild,$(NEXT_PY))
 	touch $@
 
@@ -67,8 +69,8 @@ models: $(STAMP)
 # slowest tests at the end: CI must stay well under 30 minutes on 2 cores
 test: $(STAMP) $(NEXT)/.installed
 	OMP_NUM_THREADS=1 $(VPY) -m pytest tests -n 2 --dist worksteal --durations=25
-	OMP_NUM_THREADS=1 PYTHONPATH=lab $(NEXT_PY) -m pytest tests/unit tests/integration/test_torch_pipelining.py -n 2 \
-	  --dist worksteal -p no:cacheprovider
+	OMP_NUM_THREADS=1 PYTHONPATH=lab $(NEXT_PY) -m pytest tests/unit tests/integration/test_torch_pipelining.py \
+	  tests/integration/test_torchtitan.py -n 2 --dist worksteal -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) $(NEXT) .pytest_cache .hypothesis

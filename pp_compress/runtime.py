@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import sys
@@ -151,6 +152,18 @@ STATE_FORMAT = 1
 """The version of the per-rank state file's layout: {"format", "config", "ops"} of tensors, numbers and strings."""
 
 
+def state_bytes(stage: Any) -> bytes:
+    """One rank's (or one stage's) compression state, serialized as the state file holds it, for a checkpoint format
+    that stores bytes (torchtitan's)."""
+    buf = io.BytesIO()
+    torch.save(_versioned(stage), buf)
+    return buf.getvalue()
+
+
+def _versioned(stage: Any) -> dict[str, Any]:
+    return {"format": STATE_FORMAT, **stage.state_dict()}
+
+
 def save_state(stage: Any, checkpoint_dir: str, rank: int) -> None:
     """Write one rank's compression state atomically: to a temporary file beside it, then renamed over it, so a crash
     mid-write leaves the previous file (or none), never a truncated one."""
@@ -158,7 +171,7 @@ def save_state(stage: Any, checkpoint_dir: str, rank: int) -> None:
     path = state_file(checkpoint_dir, rank)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        torch.save({"format": STATE_FORMAT, **stage.state_dict()}, tmp)
+        torch.save(_versioned(stage), tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -166,26 +179,34 @@ def save_state(stage: Any, checkpoint_dir: str, rank: int) -> None:
 
 
 def load_state(stage: Any, checkpoint_dir: str, rank: int) -> None:
-    """Read one rank's compression state. The file is untrusted input (checkpoint folders are copied and downloaded):
-    it is read with `weights_only=True`, which builds tensors, numbers, strings and containers and never runs code,
-    and its layout and config are checked; any failure is one error that names the file."""
+    """Read one rank's compression state (`save_state`'s file)."""
     path = state_file(checkpoint_dir, rank)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} is missing: checkpoint was not written by pp_compress (or by another "
                                 "topology)")
+    with open(path, "rb") as f:
+        load_state_bytes(stage, f.read(), path)
+
+
+def load_state_bytes(stage: Any, data: bytes, name: str) -> None:
+    """Restore what `state_bytes` wrote (`name`: where it came from, for errors). It is untrusted input (checkpoints are
+    copied and downloaded): it is read with `weights_only=True`, which builds tensors, numbers, strings and containers
+    and never runs code, and its layout and config are checked; any failure is one error that names `name`."""
+    if not isinstance(data, bytes):
+        raise ValueError(f"{name}: expected pp_compress state bytes, got {type(data).__name__}")
     try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
+        state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as e:  # noqa: BLE001 - pickle's errors name opcodes and globals, not what is wrong with the file
-        raise ValueError(f"{path}: not a pp_compress state file that can be read safely ({type(e).__name__}: "
+        raise ValueError(f"{name}: not a pp_compress state file that can be read safely ({type(e).__name__}: "
                          f"{str(e).splitlines()[0][:200]}); it may be corrupt, truncated or hold code") from None
     if (not isinstance(state, dict) or not isinstance(state.get("config"), str)
             or not isinstance(state.get("ops"), dict)):
         keys = " with keys " + str(sorted(map(str, state))) if isinstance(state, dict) else ""
-        raise ValueError(f"{path}: not a pp_compress state file (expected a dict with 'config' and 'ops'); got "
+        raise ValueError(f"{name}: not a pp_compress state file (expected a dict with 'config' and 'ops'); got "
                          f"{type(state).__name__}{keys}")
     if state.get("format", STATE_FORMAT) != STATE_FORMAT:  # files before the format field have this layout too
-        raise ValueError(f"{path}: state format {state['format']!r}; this pp_compress reads format {STATE_FORMAT}")
+        raise ValueError(f"{name}: state format {state['format']!r}; this pp_compress reads format {STATE_FORMAT}")
     try:
         stage.load_state_dict({k: v for k, v in state.items() if k != "format"})
     except (ValueError, KeyError, TypeError, RuntimeError) as e:
-        raise ValueError(f"{path}: {e}") from None
+        raise ValueError(f"{name}: {e}") from None

@@ -160,3 +160,22 @@ class _Row:
     def __init__(self, row: dict[str, Any]) -> None:
         self.note = ""  # rows written before the note existed
         self.__dict__.update(row)
+
+
+def merge_rows(per_rank: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """One row per boundary and direction from every rank's stats (`DirectionStats.as_dict` per key): sums over ranks
+    (with tensor parallelism each TP rank sends its own slice, so the sum is the boundary's traffic)."""
+    out: dict[str, dict[str, Any]] = {}
+    for rows in per_rank:
+        for key, r in rows.items():
+            if key not in out:
+                out[key] = dict(r)
+                continue
+            m = out[key]
+            for f in ("calls", "raw_bytes", "wire_bytes", "compress_s", "decompress_s", "compress_timed",
+                      "decompress_timed", "err_sq", "ref_sq", "saturated", "compressed", "skipped"):
+                m[f] += r[f]
+            m["note"] = (m["note"] or r["note"]) if not m["compressed"] else ""
+            m["ratio"] = round(m["raw_bytes"] / m["wire_bytes"], 4) if m["wire_bytes"] else 1.0
+            m["rel_error"] = round((m["err_sq"] / m["ref_sq"]) ** 0.5, 6) if m["ref_sq"] else float("nan")
+    return out

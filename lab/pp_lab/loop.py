@@ -25,11 +25,11 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
+from pp_compress.stats import merge_rows
 from pp_lab.train import (
     Logger,
     evaluate_batches,
     gather_digests,
-    merge_stats,
     prune_checkpoints,
     rss_mb,
     wire_rows,
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace, engine: Engine, compression: Any, meta: dict[s
     log.close()
     stats: list[dict] = [{}] * world
     dist.all_gather_object(stats, engine.stats())
-    merged = {k: v for k, v in merge_stats(stats).items() if v["calls"]}  # tensor-parallel ranks: summed
+    merged = {k: v for k, v in merge_rows(stats).items() if v["calls"]}  # tensor-parallel ranks: summed
     summary = {"final_val_loss": val_loss, "steps": args.steps, "pp_compress": str(compression), "engine": engine.name,
                "stats": merged}
     if args.digest:

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from pp_compress.stats import merge_rows
 from pp_lab.bottleneck import (FROM_DATA, INITS, TUNING, WITH_GRADS, Basis, Decoder, Encoder, data_bases, embedding_of,
                                fixed_basis, hidden_moments, random_tokens)
 from pp_lab.model import GPT, GPTConfig, lm_loss, stage_cuts
@@ -597,7 +598,7 @@ def train(args: argparse.Namespace, module: Any, model_cfg: dict[str, Any], trai
     log.close()
     every = [None] * world
     dist.all_gather_object(every, {k: v for k, v in engine.pp_compress_stats().items() if v["calls"]} if dp_id == 0 else {})
-    stats = merge_stats(every)
+    stats = merge_rows(every)
     summary = {"final_val_loss": val_loss, "steps": args.steps, "pp_compress": str(engine.pp_compress_config()),
                "stats": stats}
     if args.digest:
@@ -624,21 +625,3 @@ def prune_checkpoints(ckpt: Path, keep: int) -> list[Path]:
         shutil.rmtree(p)
     return gone
 
-
-def merge_stats(per_rank: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """One row per boundary and direction from every rank's pp_compress_stats(): sums over ranks (with tensor
-    parallelism each TP rank sends its own slice, so the sum is the boundary's traffic)."""
-    out: dict[str, dict[str, Any]] = {}
-    for rows in per_rank:
-        for key, r in rows.items():
-            if key not in out:
-                out[key] = dict(r)
-                continue
-            m = out[key]
-            for f in ("calls", "raw_bytes", "wire_bytes", "compress_s", "decompress_s", "compress_timed",
-                      "decompress_timed", "err_sq", "ref_sq", "saturated", "compressed", "skipped"):
-                m[f] += r[f]
-            m["note"] = (m["note"] or r["note"]) if not m["compressed"] else ""
-            m["ratio"] = round(m["raw_bytes"] / m["wire_bytes"], 4) if m["wire_bytes"] else 1.0
-            m["rel_error"] = round((m["err_sq"] / m["ref_sq"]) ** 0.5, 6) if m["ref_sq"] else float("nan")
-    return out
