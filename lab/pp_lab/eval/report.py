@@ -22,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from pp_lab.docblock import markers, update_readme
 from pp_lab.paths import RESULTS, ROOT
 import pp_compress as ppc
 from pp_lab.eval import auto_runs, epochs, frontier
@@ -139,11 +140,6 @@ def copy_runs(runs: Path, results: Path) -> None:
                     shutil.copy(run / f, results / run.name / f)
 
 
-def markers(name: str) -> tuple[str, str]:
-    """The README lines between which this script writes the block `name`."""
-    return f"<!-- {name}: written by eval/report.py -->", f"<!-- {name}: end -->"
-
-
 README_START, README_END = markers("frontier")
 
 
@@ -177,17 +173,6 @@ def presets_block(rows: list[dict]) -> list[str]:
 
 def epochs_block(rows: list[dict]) -> list[str]:
     return epochs.table(rows, "ft-ep-base")
-
-
-def update_readme(readme: Path, name: str, lines: list[str]) -> None:
-    """Replace the README's block `name` (between its markers) by these lines."""
-    start, end = markers(name)
-    text = readme.read_text()
-    if start not in text or end not in text:
-        raise SystemExit(f"{readme} has no {name} block: add the lines {start!r} and {end!r} where it goes")
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    readme.write_text(head + start + "\n".join(["", *lines, ""]) + "\n" + end + tail)
 
 
 def epochs_section(ftep: dict[str, dict], rel: Path, results: Path, readme: Path | None) -> list[str]:
