@@ -7,10 +7,10 @@
 Every setting trains the same model from the same seed on the same Shakespeare batches (a 2,000-token BPE trained on
 40 of its 42 works; the other 2 are held out), and torchtitan's validator measures the held-out loss. `none` is the
 baseline (identity: stock torchtitan's numbers, bytes counted); `none-seed1` is the baseline from another seed, the
-scale of seed noise. Each setting's run lives in runs/study_torchtitan/<setting>/ (torchtitan's checkpoints every 50
+scale of seed noise. Each setting's run lives in runs/study_torchtitan/<setting>/ (torchtitan's checkpoints every 100
 steps: a killed study resumes there); its results are copied to results/eval/torchtitan/<setting>/ as it lands
-(steps.jsonl: loss and gradient norm per step; scalars.json: torchtitan's TensorBoard scalars, validation loss and
-pp_compress's statistics), and `--report` (run after each setting) writes results/eval/torchtitan/summary.json and
+(steps.jsonl: loss and gradient norm per step; scalars.json: torchtitan's TensorBoard scalars: losses, held-out
+loss and pp_compress's statistics), and `--report` (run after each setting) writes results/eval/torchtitan/summary.json and
 the table in docs/engines.md.
 """
 from __future__ import annotations
@@ -35,13 +35,13 @@ SETTINGS = {"none": ("none", 42), "none-seed1": ("none", 43), "safe": ("safe", 4
             "auto": ("auto", 42)}
 """setting -> (--pp_compress.compression, seed)."""
 HELD_OUT = ("the_tempest.txt", "twelfth_night.txt")
-STEPS = 200
+STEPS = 600
 ARGS = ["--config", "llama3_debugmodel", "--parallelism.pipeline_parallel_degree", "2",
         "--parallelism.pipeline_parallel_schedule", "1F1B", "--parallelism.pipeline_parallel_microbatch_size", "2",
         "--training.seq_len", "128", "--training.local_batch_size", "8", "--training.disable_cuda_graphs",
         "--lr_scheduler.warmup_steps", "20", "--metrics.log_freq", "10", "--metrics.enable_tensorboard",
-        "--validator.enable", "--validator.freq", "50", "--validator.steps", "20",
-        "--checkpoint.enable", "--checkpoint.interval", "50", "--checkpoint.keep_latest_k", "1",
+        "--validator.enable", "--validator.freq", "100", "--validator.steps", "20",
+        "--checkpoint.enable", "--checkpoint.interval", "100", "--checkpoint.keep_latest_k", "2",
         "--comm.init_timeout_seconds", "600"]
 """The debug model (6 layers, width 256, 6.4M parameters) on 4 micro-batches of 2 x 128 tokens per step."""
 
@@ -85,7 +85,7 @@ def keep(name: str, out: Path, steps: int, seconds: float) -> None:
         tb = EventAccumulator(str(events))
         tb.Reload()
         for tag in tb.Tags()["scalars"]:
-            if tag.startswith(("pp_compress/", "validation/", "loss_metrics/")):
+            if tag.startswith(("pp_compress/", "validation_metrics/loss", "loss_metrics/")):
                 scalars[tag] = [[e.step, e.value] for e in tb.Scalars(tag)]
     dest = RESULTS / name
     dest.mkdir(parents=True, exist_ok=True)
@@ -111,7 +111,7 @@ def summary() -> list[dict[str, Any]]:
         s = json.loads((RESULTS / name / "scalars.json").read_text())
         last = {tag: v[-1][1] for tag, v in s.items() if v}
         raw, wire = last["pp_compress/raw_MB"], last["pp_compress/wire_MB"]
-        val = next(v for tag, v in last.items() if tag.startswith("validation/loss"))
+        val = last["validation_metrics/loss"]
         rows.append({"setting": name, "compression": SETTINGS[name][0], "seed": SETTINGS[name][1], "val_loss": val,
                      "raw_MB": raw, "wire_MB": wire, "ratio": raw / wire, "bits": 16 * wire / raw,  # bf16 activations
                      **{tag.removeprefix("pp_compress/"): v for tag, v in last.items()
