@@ -9,7 +9,8 @@ What it changes, and nothing else:
   statistics of every stage, gathered over the pipeline group and logged by the metrics rank (console, and
   TensorBoard / W&B through torchtitan's metric logger) under `pp_compress/...`;
 - the train state in checkpoints: each rank's compression state (error feedback, `auto`'s choices, the step) as one
-  entry keyed by its global rank, so a resumed run continues bitwise (resuming needs the same ranks and stages).
+  entry keyed by its global rank, so a resumed run continues bitwise (resuming needs the same ranks and stages); a
+  checkpoint without these entries (written by stock torchtitan) loads with a fresh compression state.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torchtitan
+from torch.distributed.checkpoint import CheckpointException
 from torchtitan.distributed import pipeline_parallel
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
@@ -98,6 +100,10 @@ class CompressedTrainer(Trainer):
                                "without torchtitan.distributed.pipeline_parallel.PipelineStage, so nothing would be "
                                "compressed")
         self._stats_group = self.parallel_dims.get_mesh("pp").get_group()
+        self._state_in_checkpoint = True
+        """Whether checkpoints hold this rank's compression state (False only while a checkpoint written without it
+        loads)."""
+        self.checkpointer.load = self._loading(self.checkpointer.load)
 
     def train_step(self, data_iterator: Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]) -> None:
         super().train_step(data_iterator)
@@ -124,12 +130,36 @@ class CompressedTrainer(Trainer):
 
     # --- checkpoints: torchtitan saves the trainer as "train_state" ----------------------------
     def state_dict(self) -> dict[str, Any]:
+        if not self._state_in_checkpoint:
+            return super().state_dict()
         return {**super().state_dict(), self._state_key(): state_bytes(_Stages(self.pp_stages))}
+
+    def _loading(self, load: Callable[[int], bool]) -> Callable[[int], bool]:
+        """The checkpointer's `load`, which also resumes a checkpoint written without pp_compress (compression turned on
+        at a restart): the rest loads, and the compression state starts afresh, with a warning. torchtitan's checkpoint
+        loader refuses a checkpoint that lacks an entry of the train state before it reads anything, so the second try
+        starts from where the first did."""
+        def checked(step: int = -1) -> bool:
+            try:
+                return load(step)
+            except (RuntimeError, CheckpointException) as e:  # the latter, where ranks gather their failures
+                if "train_state.pp_compress_rank" not in str(e):
+                    raise
+            logger.warning("pp_compress: this checkpoint holds no compression state (written without "
+                           "pp_compress.torchtitan, or by other ranks): the rest loads, and error feedback and auto's "
+                           "choices start afresh")
+            self._state_in_checkpoint = False
+            try:
+                return load(step)
+            finally:
+                self._state_in_checkpoint = True
+        return checked
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        key = self._state_key()
-        load_state_bytes(_Stages(self.pp_stages), state_dict[key], f"checkpoint entry train_state.{key}")
+        if self._state_in_checkpoint:
+            key = self._state_key()
+            load_state_bytes(_Stages(self.pp_stages), state_dict[key], f"checkpoint entry train_state.{key}")
 
     @staticmethod
     def _state_key() -> str:

@@ -83,6 +83,17 @@ def test_a_checkpoint_resumes_bitwise_with_two_stages_per_rank(tmp_path, assets)
     assert [s["step"] for s in tail] == [3, 4] and tail == whole[2:]
 
 
+def test_compression_turned_on_at_a_restart_resumes_a_stock_checkpoint(tmp_path, assets):
+    args = ["--parallelism.pipeline_parallel_schedule", "1F1B", "--checkpoint.enable", "--checkpoint.interval", "2"]
+    stock = train(tmp_path / "stock", assets, "llama3", *args)
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoint").mkdir(parents=True)
+    (tmp_path / "stock" / "checkpoint" / "step-2").rename(resumed / "checkpoint" / "step-2")
+    tail = train(resumed, assets, "pp_compress.torchtitan", *args, "--pp_compress.compression", "none")
+    assert "this checkpoint holds no compression state" in (resumed / "log.txt").read_text()
+    assert [s["step"] for s in tail] == [3] and tail == stock[2:]  # identity: stock's own step 3, to the bit
+
+
 def test_a_bad_spec_stops_the_job_at_start_with_one_line(tmp_path, assets):
     import subprocess
 
