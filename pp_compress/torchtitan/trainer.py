@@ -22,8 +22,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torchtitan
 from torch.distributed.checkpoint import CheckpointException
+
+try:
+    import torchtitan
+except ImportError as e:
+    raise ImportError("pp_compress.torchtitan extends torchtitan, which is not installed here: pip install "
+                      f"'pp_compress[torchtitan]' (tested: torchtitan 0.3.0, Python >= 3.11) ({e})") from e
 from torchtitan.distributed import pipeline_parallel
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
