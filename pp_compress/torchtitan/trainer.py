@@ -129,7 +129,8 @@ class CompressedTrainer(Trainer):
         rows = {k: r for k, r in self.pp_compress_stats().items() if r["calls"]}
         metrics = metric_rows(rows)
         self.metrics_processor.logger.log(metrics, self.step)  # a no-op logger on all but the metrics rank
-        parts = [f"{k} {r['ratio']:.2f}x err {r['rel_error']:.4f}" for k, r in sorted(rows.items())]
+        parts = [f"{k} {r['ratio']:.2f}x" + (f" err {r['rel_error']:.4f}" if r["ref_sq"] else "")  # err: if measured
+                 for k, r in sorted(rows.items())]
         logger.info(f"pp_compress step {self.step}: {' | '.join(parts)} | wire {metrics['pp_compress/wire_MB']:.3f} MB "
                     f"of {metrics['pp_compress/raw_MB']:.3f} MB")
 
