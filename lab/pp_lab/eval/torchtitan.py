@@ -43,7 +43,7 @@ ARGS = ["--config", "llama3_debugmodel", "--parallelism.pipeline_parallel_degree
         "--validator.enable", "--validator.freq", "100", "--validator.steps", "20",
         "--checkpoint.enable", "--checkpoint.interval", "100", "--checkpoint.keep_latest_k", "2",
         "--comm.init_timeout_seconds", "600"]
-"""The debug model (6 layers, width 256, 6.4M parameters) on 4 micro-batches of 2 x 128 tokens per step."""
+"""The debug model (6 layers, width 256, 6.2M parameters) on 4 micro-batches of 2 x 128 tokens per step."""
 
 
 def assets() -> list[str]:
