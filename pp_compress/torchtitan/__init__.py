@@ -4,7 +4,7 @@ what its pipeline stages send each other with one option.
     torchrun --nproc_per_node 8 -m torchtitan.train --module pp_compress.torchtitan --config llama3_8b \\
         --parallelism.pipeline_parallel_degree 4 --pp_compress.compression safe
 
-`--config` takes any config of torchtitan's own model registries (`llama3_debugmodel`, `llama3_8b`, `qwen3_1.7b`, ...;
+`--config` takes any config of torchtitan's own model registries (`llama3_debugmodel`, `llama3_8b`, `qwen3_1_7b`, ...;
 `config_registry.py`) and adds a `pp_compress` section (`PPCompress`: `--pp_compress.compression SPEC`,
 `--pp_compress.config_file FILE`). `CompressedTrainer` builds the model spec's pipeline stages as
 `CompressedPipelineStage` (every torch.distributed.pipelining schedule torchtitan runs), checks the messages for
