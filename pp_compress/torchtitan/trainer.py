@@ -184,11 +184,7 @@ class _Stages:
         states = {s.stage_index: s.pp_compress_state_dict() for s in self.stages}
         return {"config": str(self.stages[0].pp_compress.cfg), "ops": states}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        mine = str(self.stages[0].pp_compress.cfg)
-        if state["config"] != mine:
-            raise ValueError(f"this state was saved with config {state['config']!r}; this run's pp_compress config is "
-                             f"{mine!r}")
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # each stage's policy checks the config
         saved = sorted(state["ops"])
         if saved != sorted(s.stage_index for s in self.stages):
             raise ValueError(f"this state holds stages {saved}; this rank runs stages "

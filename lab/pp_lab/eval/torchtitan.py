@@ -1,8 +1,8 @@
 """torchtitan's llama3 debug model trained through torchtitan's own trainer with pp_compress settings side by side, on
 2 pipeline stages (one CPU process each, gloo), from one resumable command:
 
-    python eval/torchtitan.py                      # in .venv-torch-next (torch 2.14.1, torchtitan 0.3.0)
-    python eval/torchtitan.py --settings safe      # one setting
+    .venv-torch-next/bin/python eval/torchtitan.py                   # torch 2.14.1, torchtitan 0.3.0 (make test)
+    .venv-torch-next/bin/python eval/torchtitan.py --settings safe   # one setting
 
 Every setting trains the same model from the same seed on the same Shakespeare batches (a 2,000-token BPE trained on
 40 of its 42 works; the other 2 are held out), and torchtitan's validator measures the held-out loss. `none` is the
@@ -10,8 +10,8 @@ baseline (identity: stock torchtitan's numbers, bytes counted); `none-seed1` is 
 scale of seed noise. Each setting's run lives in runs/study_torchtitan/<setting>/ (torchtitan's checkpoints every 100
 steps: a killed study resumes there); its results are copied to results/eval/torchtitan/<setting>/ as it lands
 (steps.jsonl: loss and gradient norm per step; scalars.json: torchtitan's TensorBoard scalars: losses, held-out
-loss and pp_compress's statistics), and `--report` (run after each setting) writes results/eval/torchtitan/summary.json and
-the table in docs/engines.md.
+loss and pp_compress's statistics), and `--report` (run after each setting) writes
+results/eval/torchtitan/summary.json and the table in docs/engines.md.
 """
 from __future__ import annotations
 
